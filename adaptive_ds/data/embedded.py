@@ -1,0 +1,224 @@
+"""The embedded corpus: documents from a small probabilistic grammar whose true entropy is known.
+
+Every document is a sequence of word tokens produced by a generator in which each token is one explicit
+choice, and the generator state after any prefix is a function of that prefix alone (every token sequence
+has exactly one derivation). So the probability the generator assigned to each token *is* the true
+conditional probability p(token | document prefix), and the mean negative log-probability over the
+predicted tokens is the lowest cross-entropy any model can reach: the corpus's entropy floor.
+
+Four domains give experts something to specialise on and MoD something to route:
+  - ``[prose]``: sentences with number agreement between subject and verb (long-range, uncertain tokens);
+  - ``[arith]``: single-digit sums and products whose answers are determined (tokens that need computation);
+  - ``[recall]``: key-value pairs, then queries whose values must be copied from context (induction);
+  - ``[count]``: counting modulo 10 (easy, almost deterministic tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, EOS, UNK)
+
+DOMAIN_WEIGHTS = {"[prose]": 0.4, "[arith]": 0.2, "[recall]": 0.2, "[count]": 0.2}
+DIGITS = tuple(str(d) for d in range(10))
+
+# Prose: (singular, plural) pairs, so subject number fixes the verb form.
+DETERMINERS = {"sg": ("a", "the", "this", "every", "one"), "pl": ("some", "these", "many", "all", "two")}
+NOUNS = (("cat", "cats"), ("dog", "dogs"), ("bird", "birds"), ("child", "children"), ("farmer", "farmers"),
+         ("teacher", "teachers"), ("river", "rivers"), ("tree", "trees"), ("house", "houses"),
+         ("king", "kings"), ("ship", "ships"), ("garden", "gardens"))
+ADJECTIVES = ("old", "young", "small", "big", "red", "green", "quiet", "happy")
+INTRANSITIVE = (("sleeps", "sleep"), ("runs", "run"), ("waits", "wait"), ("sings", "sing"), ("falls", "fall"))
+TRANSITIVE = (("sees", "see"), ("likes", "like"), ("follows", "follow"), ("finds", "find"),
+              ("builds", "build"), ("watches", "watch"))
+PREPOSITIONS = ("near", "under", "behind", "with")
+KEYS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu")
+
+MAX_PAIRS, MAX_QUERIES, MAX_COUNT = 6, 6, 30
+
+
+def vocabulary() -> list[str]:
+    """Every token the grammar can emit, in a fixed order (special tokens first)."""
+    words = list(SPECIAL_TOKENS) + list(DOMAIN_WEIGHTS) + list(DIGITS)
+    words += [w for pair in DETERMINERS.values() for w in pair]
+    words += [w for pair in NOUNS for w in pair] + list(ADJECTIVES)
+    words += [w for pair in INTRANSITIVE + TRANSITIVE for w in pair] + list(PREPOSITIONS)
+    words += [".", "+", "*", "=", ";", "set", "get"] + list(KEYS)
+    assert len(words) == len(set(words)), "grammar tokens must be unique for derivations to be unique"
+    return words
+
+
+def _zipf(n: int) -> list[float]:
+    weights = [1.0 / (rank + 1) for rank in range(n)]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+@dataclass
+class Document:
+    tokens: list[str]
+    logprobs: list[float]  # natural-log p(token | prefix) under the generator, one per token
+
+
+class _Emitter:
+    """Collects tokens, each with the log-probability of every choice made since the previous token.
+
+    Hidden choices (`branch`) are folded into the next emitted token: the grammar is built so the next token
+    always reveals them, which makes the product the true conditional probability of that token.
+    """
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.tokens: list[str] = []
+        self.logprobs: list[float] = []
+        self._pending = 0.0
+
+    def emit(self, token: str, prob: float = 1.0) -> None:
+        self.tokens.append(token)
+        self.logprobs.append(self._pending + math.log(prob))
+        self._pending = 0.0
+
+    def branch(self, p_true: float) -> bool:
+        taken = self.rng.random() < p_true
+        self._pending += math.log(p_true if taken else 1.0 - p_true)
+        return taken
+
+    def pick(self, options, probs=None) -> int:
+        """Emit one of `options`, uniformly unless `probs` is given; returns the index."""
+        probs = probs or [1.0 / len(options)] * len(options)
+        i = self.rng.choices(range(len(options)), weights=probs)[0]
+        self.emit(options[i], probs[i])
+        return i
+
+
+_NOUN_P, _ADJ_P = _zipf(len(NOUNS)), _zipf(len(ADJECTIVES))
+_INTRANS_P, _TRANS_P = _zipf(len(INTRANSITIVE)), _zipf(len(TRANSITIVE))
+
+
+def _noun_phrase(e: _Emitter, form: int) -> None:
+    """DET (ADJ)? NOUN, singular (form 0) or plural (form 1)."""
+    e.pick(DETERMINERS["sg" if form == 0 else "pl"])
+    if e.branch(0.3):
+        e.pick(ADJECTIVES, _ADJ_P)
+    e.pick([pair[form] for pair in NOUNS], _NOUN_P)
+
+
+def _prose(e: _Emitter) -> None:
+    while True:
+        subject = 0 if e.branch(0.6) else 1
+        _noun_phrase(e, subject)
+        if e.branch(0.4):
+            e.pick([pair[subject] for pair in INTRANSITIVE], _INTRANS_P)  # verb agrees with the subject
+            p_prep = 0.3
+        else:
+            e.pick([pair[subject] for pair in TRANSITIVE], _TRANS_P)
+            _noun_phrase(e, 0 if e.branch(0.5) else 1)
+            p_prep = 0.4
+        if e.branch(p_prep):
+            e.pick(PREPOSITIONS)
+            _noun_phrase(e, 0 if e.branch(0.5) else 1)
+        e.emit(".")
+        if e.branch(0.25):
+            return
+
+
+def _arith(e: _Emitter) -> None:
+    while True:
+        a = e.pick(DIGITS)
+        op = e.pick(("+", "*"))
+        b = e.pick(DIGITS)
+        e.emit("=")
+        for digit in str(a + b if op == 0 else a * b):
+            e.emit(digit)  # determined by the operands: a token that needs computation
+        e.emit(";")
+        if e.branch(0.3):
+            return
+
+
+def _recall(e: _Emitter) -> None:
+    memory: dict[str, str] = {}
+    while True:
+        e.emit("set")
+        unused = [k for k in KEYS if k not in memory]
+        key = unused[e.pick(unused)]
+        memory[key] = DIGITS[e.pick(DIGITS)]
+        if len(memory) >= MAX_PAIRS or (len(memory) >= 2 and not e.branch(0.55)):
+            break
+    keys = list(memory)
+    for query in range(MAX_QUERIES):
+        e.emit("get")
+        key = keys[e.pick(keys)]
+        e.emit(memory[key])  # copied from context
+        if query + 1 == MAX_QUERIES or e.branch(0.4):
+            return
+
+
+def _count(e: _Emitter) -> None:
+    value = e.pick(DIGITS)
+    for _ in range(MAX_COUNT - 1):
+        if e.branch(0.1):
+            return
+        value = (value + 1) % 10
+        e.emit(DIGITS[value])
+
+
+_DOMAINS = {"[prose]": _prose, "[arith]": _arith, "[recall]": _recall, "[count]": _count}
+
+
+def generate_document(rng: random.Random) -> Document:
+    """One document: a domain tag, the domain's tokens, then EOS (whose probability closes the last choice)."""
+    e = _Emitter(rng)
+    tags = list(DOMAIN_WEIGHTS)
+    domain = tags[e.pick(tags, list(DOMAIN_WEIGHTS.values()))]
+    _DOMAINS[domain](e)
+    e.emit(EOS)
+    return Document(e.tokens, e.logprobs)
+
+
+def document_stream(seed: int | str):
+    """An endless, seeded stream of documents."""
+    rng = random.Random(seed)
+    while True:
+        yield generate_document(rng)
+
+
+@dataclass(frozen=True)
+class CorpusStatistics:
+    """What the corpus allows on blocks packed to `seq_len`, estimated on `tokens` predicted tokens."""
+
+    entropy_floor: float  # nats/token: the true conditional entropy, the lowest reachable loss
+    unigram_entropy: float  # nats/token: the loss of a model that knows only token frequencies
+    tokens: int
+
+    def captured(self, loss: float) -> float:
+        """Share of the learnable structure captured at `loss`: (unigram - loss) / (unigram - floor)."""
+        return (self.unigram_entropy - loss) / (self.unigram_entropy - self.entropy_floor)
+
+
+def corpus_statistics(seq_len: int, seed: int | str, num_blocks: int = 2000) -> CorpusStatistics:
+    """Entropy floor and unigram entropy over the tokens a model predicts in packed blocks.
+
+    Blocks are packed from whole documents (`pack_documents`), so each predicted token has its whole
+    document prefix in context and the generator's probabilities are exactly what a perfect model assigns.
+    The first token of a block is never predicted and is left out of both figures.
+    """
+    return _statistics(seq_len, seed, num_blocks)
+
+
+@lru_cache(maxsize=8)
+def _statistics(seq_len: int, seed: int | str, num_blocks: int) -> CorpusStatistics:
+    from .packing import pack_documents
+
+    docs = ((d.tokens, d.logprobs) for d in document_stream(seed))
+    nll, counts = 0.0, Counter()
+    for _, (tokens, logprobs) in zip(range(num_blocks), pack_documents(docs, seq_len), strict=False):
+        nll -= sum(logprobs[1:])
+        counts.update(tokens[1:])
+    total = sum(counts.values())
+    unigram = -sum(c / total * math.log(c / total) for c in counts.values())
+    return CorpusStatistics(entropy_floor=nll / total, unigram_entropy=unigram, tokens=total)

@@ -1,0 +1,71 @@
+"""Process-group setup for every launcher (deepspeed, torchrun, accelerate launch, plain python), and rank-0 logging."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> None:
+    """Join the launcher's process group; a plain `python` start becomes a world of one.
+
+    Launchers export RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT / LOCAL_RANK; without them we set a
+    single-process world ourselves rather than let DeepSpeed try MPI discovery. CUDA uses NCCL; CPU uses gloo.
+    """
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank())
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                               auto_mpi_discovery=False)
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def broadcast_object(obj):
+    """Rank 0's `obj` on every rank."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class _RankZeroFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return rank() == 0 or record.levelno >= logging.WARNING
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """The one place logging is configured: rank 0 logs INFO, other ranks only warnings and errors."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.addFilter(_RankZeroFilter())
+    root = logging.getLogger("adaptive_ds")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False

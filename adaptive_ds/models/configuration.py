@@ -1,0 +1,107 @@
+"""Configuration of the adaptive_ds decoder: one class for all four architectures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedConfig
+
+ARCHITECTURES = ("dense", "moe", "mod", "hybrid")
+
+
+@dataclass(repr=False)
+class AdaptiveDSConfig(PreTrainedConfig):
+    """A Llama-style decoder whose MLPs may be DeepSpeed MoE layers and whose blocks may be MoD-routed.
+
+    `arch` selects the family:
+      - ``dense``: every block is attention + SwiGLU MLP;
+      - ``moe``: every ``moe_layer_interval``-th MLP is a ``deepspeed.moe.layer.MoE`` of SwiGLU experts;
+      - ``mod``: every ``mod_layer_interval``-th block is wrapped by a Mixture-of-Depths router;
+      - ``hybrid``: both, so MoD decides which tokens ever reach the experts.
+    """
+
+    model_type = "adaptive_ds"
+    keys_to_ignore_at_inference = ["cache"]
+
+    arch: str = "dense"
+    vocab_size: int = 256
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 256
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = False
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    # Mixture of Experts (arch moe / hybrid), passed to deepspeed.moe.layer.MoE.
+    num_local_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_layer_interval: int = 1
+    moe_capacity_factor: float = 1.25
+    moe_eval_capacity_factor: float = 2.0
+    moe_min_capacity: int = 4
+    moe_drop_tokens: bool = True
+    moe_ep_size: int = 1
+    router_aux_loss_coef: float = 0.01
+    # Mixture of Depths (arch mod / hybrid).
+    mod_capacity: float = 0.5
+    mod_layer_interval: int = 1
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid AdaptiveDSConfig: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every inconsistency in the configuration, so callers can report them all at once."""
+        found = []
+        if self.arch not in ARCHITECTURES:
+            found.append(f"arch {self.arch!r} is not one of {', '.join(ARCHITECTURES)}")
+        if self.hidden_size % self.num_attention_heads:
+            found.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                         f"{self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            found.append(f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                         f"num_key_value_heads {self.num_key_value_heads}")
+        if self.uses_moe:
+            if self.num_experts_per_tok not in (1, 2):
+                found.append(f"num_experts_per_tok must be 1 or 2 (DeepSpeed MoE), got {self.num_experts_per_tok}")
+            if self.num_local_experts % self.moe_ep_size:
+                found.append(f"num_local_experts {self.num_local_experts} is not divisible by moe_ep_size "
+                             f"{self.moe_ep_size}")
+            if self.moe_layer_interval < 1:
+                found.append(f"moe_layer_interval must be >= 1, got {self.moe_layer_interval}")
+        if self.uses_mod:
+            if not 0.0 < self.mod_capacity <= 1.0:
+                found.append(f"mod_capacity must be in (0, 1], got {self.mod_capacity}")
+            if self.mod_layer_interval not in (1, 2):
+                found.append(f"mod_layer_interval must be 1 (every block) or 2 (every other), "
+                             f"got {self.mod_layer_interval}")
+        return found
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def uses_moe(self) -> bool:
+        return self.arch in ("moe", "hybrid")
+
+    @property
+    def uses_mod(self) -> bool:
+        return self.arch in ("mod", "hybrid")
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """MoE MLPs sit in the last layer of every group of `moe_layer_interval` layers."""
+        return self.uses_moe and (layer_idx + 1) % self.moe_layer_interval == 0
+
+    def is_mod_layer(self, layer_idx: int) -> bool:
+        """With interval 2 the odd blocks route, so the first block always sees every token (Raposo et al.)."""
+        return self.uses_mod and (layer_idx + 1) % self.mod_layer_interval == 0

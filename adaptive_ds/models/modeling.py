@@ -1,0 +1,261 @@
+"""The adaptive_ds decoder: Llama-style blocks (RMSNorm, RoPE, GQA through SDPA, SwiGLU, no biases).
+
+`AdaptiveDSConfig.arch` swaps in DeepSpeed MoE MLPs (`moe.py`) and Mixture-of-Depths routing (`mod.py`).
+The routing losses and statistics are returned with the hidden states; nothing is kept in module state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.utils import ModelOutput
+
+from .configuration import AdaptiveDSConfig
+from .mod import MixtureOfDepths
+from .moe import MoEFeedForward, SwiGLU
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(hidden_states.dtype)
+
+
+def rotary_embedding(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos and sin of RoPE (Su et al. 2021) for `position_ids` (batch, seq): each (batch, seq, head_dim)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device).float() / head_dim)
+    angles = position_ids.float().unsqueeze(-1) * inv_freq  # (batch, seq, head_dim / 2)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def attention_mask_4d(key_padding_mask, query_len: int, past_len: int):
+    """Boolean (batch, 1, query, past + query) mask: causal, padded keys hidden, each query sees itself."""
+    key_len = past_len + query_len
+    device = key_padding_mask.device
+    query_pos = torch.arange(past_len, key_len, device=device).unsqueeze(-1)
+    key_pos = torch.arange(key_len, device=device)
+    causal = key_pos <= query_pos  # (query, key)
+    allowed = causal & key_padding_mask[:, None, -key_len:]  # (batch, query, key)
+    # A left-padded query would otherwise attend to nothing and turn into NaN.
+    allowed = allowed | (key_pos == query_pos)
+    return allowed.unsqueeze(1)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention (Ainslie et al. 2023) through `F.scaled_dot_product_attention`."""
+
+    def __init__(self, config: AdaptiveDSConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, hidden_states, position_embeddings, key_padding_mask=None, cache: Cache | None = None):
+        batch, seq_len, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, k, *position_embeddings)
+        past_len = 0
+        if cache is not None:
+            past_len = cache.get_seq_length(self.layer_idx)
+            k, v = cache.update(k, v, self.layer_idx)
+        mask = None
+        if key_padding_mask is not None or (past_len and seq_len > 1):
+            if key_padding_mask is None:
+                key_padding_mask = torch.ones(batch, past_len + seq_len, dtype=torch.bool, device=q.device)
+            mask = attention_mask_4d(key_padding_mask, seq_len, past_len)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and seq_len > 1, enable_gqa=True
+        )  # (batch, heads, seq, head_dim)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+
+class LayerOutput(NamedTuple):
+    hidden_states: torch.Tensor
+    aux_loss: torch.Tensor | None = None  # MoE load-balancing loss of this layer
+    expert_counts: torch.Tensor | None = None  # (num_experts,) tokens assigned per expert
+    mod_selected: torch.Tensor | None = None  # (batch, k) positions routed through this block
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: h = x + attn(norm(x)); out = h + mlp(norm(h)). The MLP may be a DeepSpeed MoE layer."""
+
+    def __init__(self, config: AdaptiveDSConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.is_moe_layer(layer_idx):
+            self.mlp = MoEFeedForward(config)
+        else:
+            self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, hidden_states, position_embeddings, key_padding_mask=None, cache=None) -> LayerOutput:
+        hidden_states = hidden_states + self.self_attn(
+            self.input_layernorm(hidden_states), position_embeddings, key_padding_mask, cache
+        )
+        mlp_out = self.mlp(self.post_attention_layernorm(hidden_states))
+        if isinstance(self.mlp, MoEFeedForward):
+            mlp_out, aux_loss, expert_counts = mlp_out
+            return LayerOutput(hidden_states + mlp_out, aux_loss, expert_counts)
+        return LayerOutput(hidden_states + mlp_out)
+
+
+@dataclass
+class AdaptiveDSModelOutput(ModelOutput):
+    """Hidden states plus the routing of every MoE layer and MoD block, in layer order."""
+
+    last_hidden_state: torch.Tensor | None = None
+    cache: Cache | None = None
+    aux_loss: torch.Tensor | None = None
+    expert_counts: tuple[torch.Tensor, ...] | None = None
+    mod_selected: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class AdaptiveDSCausalLMOutput(ModelOutput):
+    """`loss` = `lm_loss` + router_aux_loss_coef * `aux_loss` (the aux term enters once, here)."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    cache: Cache | None = None
+    lm_loss: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
+    expert_counts: tuple[torch.Tensor, ...] | None = None
+    mod_selected: tuple[torch.Tensor, ...] | None = None
+
+
+class AdaptiveDSPreTrainedModel(PreTrainedModel):
+    config_class = AdaptiveDSConfig
+    config: AdaptiveDSConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["DecoderLayer"]
+    _supports_sdpa = True
+    supports_gradient_checkpointing = True
+
+
+class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
+    def __init__(self, config: AdaptiveDSConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        layers = []
+        for i in range(config.num_hidden_layers):
+            block = DecoderLayer(config, i)
+            layers.append(MixtureOfDepths(config, block) if config.is_mod_layer(i) else block)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                use_cache=None, **kwargs) -> AdaptiveDSModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        seq_len = hidden_states.shape[1]
+        # MoD's train-time routing ranks a block's tokens against the whole sequence, so a cache built
+        # token by token would route differently: MoD models recompute the prefix at every step.
+        use_cache = (self.config.use_cache if use_cache is None else use_cache) and not self.config.uses_mod
+        if not use_cache:
+            cache = None
+        elif cache is None:
+            cache = DynamicCache(config=self.config)
+        past_len = cache.get_seq_length() if cache is not None else 0
+
+        key_padding_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_padding_mask = attention_mask.bool()
+        if position_ids is None:
+            if key_padding_mask is not None:  # left padding: count real tokens only
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -seq_len:]
+            else:
+                position_ids = torch.arange(past_len, past_len + seq_len, device=hidden_states.device)[None]
+        position_embeddings = rotary_embedding(
+            position_ids, self.config.head_dim, self.config.rope_theta, hidden_states.dtype
+        )
+
+        aux_losses, expert_counts, mod_selected = [], [], []
+        for layer in self.layers:
+            if self.gradient_checkpointing and self.training:
+                out = torch.utils.checkpoint.checkpoint(
+                    layer, hidden_states, position_embeddings, key_padding_mask, cache, use_reentrant=False
+                )
+            else:
+                out = layer(hidden_states, position_embeddings, key_padding_mask, cache)
+            hidden_states = out.hidden_states
+            if out.aux_loss is not None:
+                aux_losses.append(out.aux_loss)
+                expert_counts.append(out.expert_counts)
+            if out.mod_selected is not None:
+                mod_selected.append(out.mod_selected)
+
+        return AdaptiveDSModelOutput(
+            last_hidden_state=self.norm(hidden_states),
+            cache=cache,
+            # Mean over MoE layers, so the coefficient does not scale with depth.
+            aux_loss=torch.stack(aux_losses).mean() if aux_losses else None,
+            expert_counts=tuple(expert_counts) or None,
+            mod_selected=tuple(mod_selected) or None,
+        )
+
+
+class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
+    def __init__(self, config: AdaptiveDSConfig):
+        super().__init__(config)
+        self.model = AdaptiveDSModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                labels=None, use_cache=None, logits_to_keep: int = 0, **kwargs) -> AdaptiveDSCausalLMOutput:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache)
+        hidden_states = out.last_hidden_state
+        if logits_to_keep:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        logits = self.lm_head(hidden_states)
+
+        lm_loss = loss = None
+        if labels is not None:
+            # Next-token prediction: position t predicts labels[t + 1]; -100 is ignored.
+            lm_loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
+            loss = lm_loss
+            if out.aux_loss is not None:
+                loss = lm_loss + self.config.router_aux_loss_coef * out.aux_loss
+        return AdaptiveDSCausalLMOutput(
+            loss=loss, logits=logits, cache=out.cache, lm_loss=lm_loss, aux_loss=out.aux_loss,
+            expert_counts=out.expert_counts, mod_selected=out.mod_selected,
+        )

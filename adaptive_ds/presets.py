@@ -1,0 +1,114 @@
+"""The one table of model sizes, and the true parameter counts of every preset x architecture.
+
+Run `python -m adaptive_ds.presets [--vocab_size N]` to print the counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    seq_len: int
+    num_local_experts: int
+    num_experts_per_tok: int
+    mod_capacity: float
+
+
+PRESETS: dict[str, Preset] = {
+    #                  hidden layers heads kv   ffn   seq  experts top-k MoD capacity
+    "debug": Preset(128, 4, 4, 2, 384, 256, 8, 2, 0.5),
+    "debug_200m": Preset(1024, 12, 16, 4, 2816, 2048, 8, 2, 0.5),
+    "b1": Preset(2048, 22, 32, 4, 5632, 2048, 8, 2, 0.6),
+    "b7": Preset(4096, 32, 32, 8, 11008, 2048, 8, 2, 0.5),
+}
+
+
+def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
+    """The tokenizer's vocabulary rounded up to a multiple of 64, for aligned embedding matmuls."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def model_config(preset: str, arch: str, vocab_size: int, **overrides) -> AdaptiveDSConfig:
+    """The model configuration of `preset` in architecture `arch` for a tokenizer of `vocab_size` tokens."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid choices: {', '.join(PRESETS)}")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown arch {arch!r}; valid choices: {', '.join(ARCHITECTURES)}")
+    p = PRESETS[preset]
+    fields = dict(
+        arch=arch, vocab_size=pad_vocab(vocab_size), hidden_size=p.hidden_size,
+        num_hidden_layers=p.num_hidden_layers, num_attention_heads=p.num_attention_heads,
+        num_key_value_heads=p.num_key_value_heads, intermediate_size=p.intermediate_size,
+        max_position_embeddings=p.seq_len, num_local_experts=p.num_local_experts,
+        num_experts_per_tok=p.num_experts_per_tok, mod_capacity=p.mod_capacity,
+    )
+    fields.update(overrides)
+    return AdaptiveDSConfig(**fields)
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    total: int
+    active: int  # parameters one token passes through on average (MoE: top-k experts; MoD: routed share)
+
+
+def parameter_counts(config: AdaptiveDSConfig) -> ParameterCounts:
+    """Exact counts from the dimensions (a test checks them against built models).
+
+    Active parameters: a token uses the embedding row, attention, norms, the MLP or its top-k experts plus
+    the router, and the LM head. In a MoD-routed block only `mod_capacity` of the tokens run the block, so
+    the block counts with that weight (its router with weight 1).
+    """
+    h, f, kv = config.hidden_size, config.intermediate_size, config.num_key_value_heads * config.head_dim
+    attention = 2 * h * h + 2 * h * kv
+    mlp = 3 * h * f
+    embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
+    total = active = float(embeddings + h)  # + final norm
+    for i in range(config.num_hidden_layers):
+        block_total = block_active = attention + 2 * h
+        if config.is_moe_layer(i):
+            router = h * config.num_local_experts
+            block_total += router + config.num_local_experts * mlp
+            block_active += router + config.num_experts_per_tok * mlp
+        else:
+            block_total += mlp
+            block_active += mlp
+        if config.is_mod_layer(i):
+            total += h  # MoD router
+            active += h
+            block_active *= config.mod_capacity
+        total += block_total
+        active += block_active
+    return ParameterCounts(int(total), int(round(active)))
+
+
+def _human(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="True total and active parameter counts of every preset.")
+    parser.add_argument("--vocab_size", type=int, default=32000,
+                        help="tokenizer vocabulary (padded to a multiple of 64); default: Llama's 32000")
+    args = parser.parse_args(argv)
+    print(f"vocab {pad_vocab(args.vocab_size)} (padded from {args.vocab_size}); untied embeddings")
+    print(f"{'preset':<12}{'arch':<8}{'total':>16}{'active':>16}{'total':>9}{'active':>9}")
+    for name in PRESETS:
+        for arch in ARCHITECTURES:
+            counts = parameter_counts(model_config(name, arch, args.vocab_size))
+            print(f"{name:<12}{arch:<8}{counts.total:>16,}{counts.active:>16,}"
+                  f"{_human(counts.total):>9}{_human(counts.active):>9}")
+
+
+if __name__ == "__main__":
+    main()

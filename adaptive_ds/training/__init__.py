@@ -1,0 +1,6 @@
+"""Training through the DeepSpeed engine."""
+
+from .arguments import ConfigError
+from .loop import train
+
+__all__ = ["ConfigError", "train"]

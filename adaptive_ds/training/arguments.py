@@ -1,0 +1,136 @@
+"""Command line and ds_config of a training run: parsed, validated as a whole, and split for DeepSpeed.
+
+A ds_config may hold one namespaced block, ``"adaptive_ds": {...}``, naming the preset, architecture and run
+settings. It is removed before DeepSpeed sees the config; command-line flags override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+from dataclasses import dataclass, field, fields
+
+from ..data import EMBEDDED
+from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
+from ..presets import PRESETS
+
+NAMESPACE = "adaptive_ds"
+
+
+@dataclass
+class RunSettings:
+    """Everything about a run that is not DeepSpeed's: the keys allowed in the ``adaptive_ds`` block."""
+
+    preset: str = "debug"
+    arch: str = "dense"
+    data: str = EMBEDDED
+    max_steps: int = 100
+    output_dir: str | None = None  # default: runs/<preset>-<arch>-<time>
+    seed: int = 1234
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak learning rate
+    log_steps: int = 10
+    eval_batches: int = 8  # held-out batches of the final validation loss
+    model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
+
+
+class ConfigError(ValueError):
+    """Bad user input: one line that names the problem and the valid choices."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train an adaptive_ds model through the DeepSpeed engine.")
+    p.add_argument("--ds_config", required=True, help="DeepSpeed JSON config with an optional 'adaptive_ds' block")
+    p.add_argument("--preset", help=f"one of {', '.join(PRESETS)}")
+    p.add_argument("--arch", help=f"one of {', '.join(ARCHITECTURES)}")
+    p.add_argument("--data", help=f"'{EMBEDDED}' (the built-in corpus)")
+    p.add_argument("--max_steps", type=int, help="optimizer steps")
+    p.add_argument("--output_dir", help="new or empty directory for metrics, summary and the final model")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--ep_size", type=int, help="expert-parallel group size for moe / hybrid")
+    p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
+    return p
+
+
+def _load_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ConfigError(f"ds_config {path!r} does not exist; pass a JSON file such as ds_configs/debug_cpu.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"ds_config {path!r} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"ds_config {path!r} must hold a JSON object, not {type(config).__name__}")
+    return config
+
+
+def _settings_from_block(block, path: str) -> RunSettings:
+    if not isinstance(block, dict):
+        raise ConfigError(f"'{NAMESPACE}' in {path!r} must be an object")
+    valid = [f.name for f in fields(RunSettings)]
+    unknown = sorted(set(block) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(unknown)} in the '{NAMESPACE}' block of {path!r}; "
+                          f"valid keys: {', '.join(valid)}")
+    return RunSettings(**block)
+
+
+def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
+    """Collect every problem and raise once, naming the valid choices."""
+    problems = []
+    if settings.preset not in PRESETS:
+        problems.append(f"unknown preset {settings.preset!r}; valid choices: {', '.join(PRESETS)}")
+    if settings.arch not in ARCHITECTURES:
+        problems.append(f"unknown arch {settings.arch!r}; valid choices: {', '.join(ARCHITECTURES)}")
+    if settings.data != EMBEDDED and not os.path.exists(settings.data):
+        problems.append(f"data path {settings.data!r} does not exist; valid choices: '{EMBEDDED}' or an existing path")
+    for name in ("max_steps", "log_steps", "eval_batches"):
+        if getattr(settings, name) < 1:
+            problems.append(f"{name} must be >= 1, got {getattr(settings, name)}")
+    model_fields = {f.name for f in fields(AdaptiveDSConfig)}
+    unknown = sorted(set(settings.model) - model_fields)
+    if unknown:
+        problems.append(f"unknown model field(s) {', '.join(unknown)}; valid: {', '.join(sorted(model_fields))}")
+    problems += _batch_problems(ds_config, world_size)
+    if ds_config.get("fp16", {}).get("enabled") and ds_config.get("bf16", {}).get("enabled"):
+        problems.append("fp16 and bf16 are both enabled; enable at most one")
+    if "optimizer" not in ds_config:
+        problems.append("the ds_config has no 'optimizer' block; add e.g. "
+                        '{"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}}')
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _batch_problems(ds_config: dict, world_size: int) -> list[str]:
+    micro = ds_config.get("train_micro_batch_size_per_gpu")
+    accum = ds_config.get("gradient_accumulation_steps", 1)
+    total = ds_config.get("train_batch_size")
+    if micro is None:
+        return ["the ds_config must set train_micro_batch_size_per_gpu"]
+    bad = [f"{k}={v!r}" for k, v in (("train_micro_batch_size_per_gpu", micro),
+                                      ("gradient_accumulation_steps", accum)) if not isinstance(v, int) or v < 1]
+    if bad:
+        return [f"batch sizes must be positive integers: {', '.join(bad)}"]
+    if total is not None and total != micro * accum * world_size:
+        return [f"train_batch_size {total} != train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps "
+                f"{accum} x world size {world_size} = {micro * accum * world_size}; fix one or drop train_batch_size"]
+    return []
+
+
+def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
+    """The run's settings (block, then flags) and the ds_config DeepSpeed gets (without our block)."""
+    args = build_parser().parse_args(argv)
+    raw = _load_json(args.ds_config)
+    ds_config = copy.deepcopy(raw)
+    settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
+    for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(settings, name, value)
+    if args.ep_size is not None:
+        settings.model = {**settings.model, "moe_ep_size": args.ep_size}
+    validate(settings, ds_config, world_size)
+    return settings, ds_config

@@ -1,0 +1,17 @@
+"""Train an adaptive_ds model through the DeepSpeed engine.
+
+    deepspeed launchers/train.py --ds_config ds_configs/debug_cpu.json [--arch moe] [--max_steps N]
+    torchrun --nproc_per_node 2 launchers/train.py --ds_config ...
+    accelerate launch --use_deepspeed --num_processes 2 launchers/train.py --ds_config ...
+    python launchers/train.py --ds_config ...
+"""
+
+import sys
+
+from adaptive_ds.training import ConfigError, train
+
+if __name__ == "__main__":
+    try:
+        train(sys.argv[1:])
+    except ConfigError as error:
+        sys.exit(f"error: {error}")

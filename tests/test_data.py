@@ -1,0 +1,113 @@
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from adaptive_ds.data import build_training_data
+from adaptive_ds.data.embedded import (
+    DOMAIN_WEIGHTS,
+    EOS,
+    corpus_statistics,
+    document_stream,
+    generate_document,
+    vocabulary,
+)
+from adaptive_ds.data.packing import pack_documents
+from adaptive_ds.data.tokenizer import embedded_tokenizer
+
+
+def _docs(n, seed=0):
+    rng = random.Random(seed)
+    return [generate_document(rng) for _ in range(n)]
+
+
+def test_documents_are_seeded_and_use_only_the_vocabulary():
+    a, b = _docs(50, seed=3), _docs(50, seed=3)
+    assert [d.tokens for d in a] == [d.tokens for d in b]
+    vocab = set(vocabulary())
+    for doc in a:
+        assert set(doc.tokens) <= vocab
+        assert doc.tokens[0] in DOMAIN_WEIGHTS and doc.tokens[-1] == EOS
+        assert len(doc.logprobs) == len(doc.tokens) and all(lp <= 0 for lp in doc.logprobs)
+
+
+def test_determined_tokens_are_correct_and_certain():
+    for doc in _docs(400):
+        t, lp = doc.tokens, doc.logprobs
+        if t[0] == "[arith]":
+            i = 1
+            while t[i] != EOS:
+                a, op, b, eq = t[i:i + 4]
+                answer = str(int(a) + int(b) if op == "+" else int(a) * int(b))
+                assert eq == "=" and "".join(t[i + 4:i + 4 + len(answer)]) == answer
+                assert all(x == 0.0 for x in lp[i + 3:i + 4 + len(answer)])  # '=' and the answer are certain
+                i += 5 + len(answer)
+        if t[0] == "[recall]":
+            memory = {}
+            for i, tok in enumerate(t):
+                if tok == "set":
+                    memory[t[i + 1]] = t[i + 2]
+                if tok == "get":
+                    assert t[i + 2] == memory[t[i + 1]] and lp[i + 2] == 0.0
+
+
+def test_generator_probabilities_match_observed_frequencies():
+    # The first token is the domain tag: its probability is the domain weight, and the observed
+    # frequencies must agree (a check that the logged probabilities are the sampling probabilities).
+    docs = _docs(4000, seed=1)
+    freq = Counter(d.tokens[0] for d in docs)
+    for tag, weight in DOMAIN_WEIGHTS.items():
+        assert abs(freq[tag] / len(docs) - weight) < 0.025
+        assert all(math.isclose(math.exp(d.logprobs[0]), weight) for d in docs if d.tokens[0] == tag)
+    # counting stops with probability 0.1 before every next number (documents shorter than the cap)
+    counts = [d for d in docs if d.tokens[0] == "[count]"]
+    stops = sum(1 for d in counts if len(d.tokens) < 32)
+    steps = sum(len(d.tokens) - 3 + (1 if len(d.tokens) < 32 else 0) for d in counts)
+    assert abs(stops / steps - 0.1) < 0.02
+
+
+def test_floor_is_below_unigram_and_stable_across_samples():
+    a, b = corpus_statistics(256, "s1", 800), corpus_statistics(256, "s2", 800)
+    assert 1.0 < a.entropy_floor < a.unigram_entropy
+    assert abs(a.entropy_floor - b.entropy_floor) < 0.05
+    assert a.captured(a.entropy_floor) == pytest.approx(1.0)
+    assert a.captured(a.unigram_entropy) == pytest.approx(0.0)
+
+
+def test_packing_keeps_whole_documents_in_order():
+    docs = [([i] * n,) for i, n in enumerate([3, 4, 2, 9, 1, 5])]
+    blocks = [b[0] for b in pack_documents(docs, 8)]
+    assert blocks == [[0, 0, 0, 1, 1, 1, 1], [2, 2], [3] * 8, [4, 5, 5, 5, 5, 5]]
+
+
+def test_tokenizer_round_trips_documents():
+    tok = embedded_tokenizer()
+    vocab = tok.get_vocab()
+    for doc in _docs(20):
+        text = " ".join(doc.tokens)
+        assert tok(text).input_ids == [vocab[t] for t in doc.tokens]
+        assert tok.decode(tok(text).input_ids) == text
+    assert tok.convert_ids_to_tokens(tok.eos_token_id) == EOS
+
+
+def test_ranks_read_different_blocks_and_validation_is_held_out():
+    data = build_training_data("embedded", 64, seed=5)
+    r0 = next(data.train_batches(4, rank=0, world_size=2))["input_ids"]
+    r1 = next(data.train_batches(4, rank=1, world_size=2))["input_ids"]
+    again = next(data.train_batches(4, rank=0, world_size=2))["input_ids"]
+    val = data.validation_batches(4, 1)[0]["input_ids"]
+    assert r0.equal(again) and not r0.equal(r1) and not r0.equal(val)
+    labels = next(data.train_batches(4))["labels"]
+    pads = next(data.train_batches(4))["input_ids"] == data.tokenizer.pad_token_id
+    assert (labels[pads] == -100).all()
+
+
+def test_missing_data_path_is_named():
+    with pytest.raises(ValueError, match="does not exist.*embedded"):
+        build_training_data("/no/such/file.jsonl", 64, 0)
+
+
+def test_document_stream_is_endless():
+    stream = document_stream(0)
+    assert len([next(stream) for _ in range(1000)]) == 1000
