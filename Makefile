@@ -1,0 +1,31 @@
+# Two commands: `make train` (set up, then the default debug run on the embedded corpus) and `make test`.
+#
+# torch is installed first, pinned: on this project's CPU machines pip takes the local CPU build of 2.13.0,
+# on a GPU machine PyPI's 2.13.0 wheel is the CUDA build. Elsewhere, for a small CPU build:
+#   make train TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: setup train test lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e ".[dev,logging]"
+	touch $@
+
+train: setup
+	$(BIN)/deepspeed launchers/train.py --ds_config ds_configs/debug_cpu.json
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: setup
+	$(BIN)/ruff check adaptive_ds launchers tests
+
+clean:
+	rm -rf $(VENV) *.egg-info
