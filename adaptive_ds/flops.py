@@ -29,6 +29,7 @@ def training_flops_per_token(config: AdaptiveDSConfig, seq_len: int,
         block = 6.0 * (attention_params + active_mlp) + 12.0 * h * seq_len
         if config.is_mod_layer(i):
             r = next(mod_blocks, config.mod_capacity)
-            block = 6.0 * (attention_params + active_mlp) * r + 12.0 * h * seq_len * r * r + 6.0 * h
+            routing = h + (h + 1) * config.mod_predictor_hidden_size  # router + causal predictor, every token
+            block = 6.0 * (attention_params + active_mlp) * r + 12.0 * h * seq_len * r * r + 6.0 * routing
         flops += block
     return flops

@@ -67,7 +67,7 @@ def parameter_counts(config: AdaptiveDSConfig) -> ParameterCounts:
 
     Active parameters: a token uses the embedding row, attention, norms, the MLP or its top-k experts plus
     the router, and the LM head. In a MoD-routed block only `mod_capacity` of the tokens run the block, so
-    the block counts with that weight (its router with weight 1).
+    the block counts with that weight (its router and causal-routing predictor with weight 1).
     """
     h, f, kv = config.hidden_size, config.intermediate_size, config.num_key_value_heads * config.head_dim
     attention = 2 * h * h + 2 * h * kv
@@ -84,8 +84,9 @@ def parameter_counts(config: AdaptiveDSConfig) -> ParameterCounts:
             block_total += mlp
             block_active += mlp
         if config.is_mod_layer(i):
-            total += h  # MoD router
-            active += h
+            routing = h + (h + 1) * config.mod_predictor_hidden_size  # router + causal predictor MLP
+            total += routing
+            active += routing
             block_active *= config.mod_capacity
         total += block_total
         active += block_active

@@ -44,7 +44,7 @@ def test_mod_top_k_is_per_sequence_and_skipped_tokens_pass_unchanged():
     hidden = torch.randn(2, 16, 32)
     cos, sin = rotary_embedding(torch.arange(16)[None], 8, 10000.0, hidden.dtype)
     out = block(hidden, (cos, sin))
-    selected = out.mod_selected
+    selected = out.mod.selected
     assert selected.shape == (2, 8)
     scores = block.router(hidden).squeeze(-1)
     for b in range(2):  # each sequence gets its own top half, whatever the other sequence scores
@@ -62,7 +62,7 @@ def test_mod_routed_tokens_keep_their_original_rope_positions():
     hidden = torch.randn(1, 16, 32)
     positions = torch.arange(16)[None]
     out = block(hidden, rotary_embedding(positions, 8, 10000.0, hidden.dtype))
-    expected = rotary_embedding(out.mod_selected, 8, 10000.0, hidden.dtype)
+    expected = rotary_embedding(out.mod.selected, 8, 10000.0, hidden.dtype)
     torch.testing.assert_close(captured["rope"][0], expected[0])
     torch.testing.assert_close(captured["rope"][1], expected[1])
 
@@ -71,14 +71,21 @@ def test_mod_routed_tokens_keep_their_original_rope_positions():
 def test_moe_aux_loss_enters_the_loss_exactly_once(arch):
     ids = torch.randint(2, 64, (2, 16))
     torch.manual_seed(1)
-    with_coef = _model(arch, router_aux_loss_coef=0.5)
+    with_coef = _model(arch, router_aux_loss_coef=0.5, router_z_loss_coef=0.0, mod_predictor_loss_coef=0.0)
     torch.manual_seed(1)
-    without = _model(arch, router_aux_loss_coef=0.0)
+    without = _model(arch, router_aux_loss_coef=0.0, router_z_loss_coef=0.0, mod_predictor_loss_coef=0.0)
     a, b = with_coef(input_ids=ids, labels=ids), without(input_ids=ids, labels=ids)
     torch.testing.assert_close(a.lm_loss, b.lm_loss)
     assert a.aux_loss > 0
     torch.testing.assert_close(a.loss, a.lm_loss + 0.5 * a.aux_loss)
     torch.testing.assert_close(b.loss, b.lm_loss)
+    torch.manual_seed(1)
+    all_terms = _model(arch, router_aux_loss_coef=0.5, router_z_loss_coef=0.01, mod_predictor_loss_coef=2.0)
+    c = all_terms(input_ids=ids, labels=ids)
+    expected = c.lm_loss + 0.5 * c.aux_loss + 0.01 * c.z_loss
+    if arch == "hybrid":
+        expected = expected + 2.0 * c.mod_predictor_loss
+    torch.testing.assert_close(c.loss, expected)
     # and its gradient reaches the router with the coefficient applied once
     a.loss.backward()
     b.loss.backward()
@@ -86,7 +93,7 @@ def test_moe_aux_loss_enters_the_loss_exactly_once(arch):
     g_a = dict(with_coef.named_parameters())[router].grad
     g_b = dict(without.named_parameters())[router].grad
     torch.manual_seed(1)
-    aux_only = _model(arch, router_aux_loss_coef=0.5)
+    aux_only = _model(arch, router_aux_loss_coef=0.5, router_z_loss_coef=0.0, mod_predictor_loss_coef=0.0)
     aux_only(input_ids=ids, labels=ids).aux_loss.backward()
     g_aux = dict(aux_only.named_parameters())[router].grad
     torch.testing.assert_close(g_a, g_b + 0.5 * g_aux)
@@ -113,6 +120,69 @@ def test_generate_runs_and_is_deterministic(arch):
     assert first.shape[1] > 5
     assert torch.equal(first, second)
     assert torch.equal(first[:, :5], prompt)
+
+
+def _causal_mod_model(arch):
+    """A MoD model in eval mode whose predictor routes some tokens and skips others."""
+    model = _model(arch, mod_layer_interval=1).eval()
+    for layer in model.model.layers:
+        torch.nn.init.normal_(layer.predictor[2].weight, std=1.0)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["mod", "hybrid"])
+def test_causal_mod_routing_ignores_later_tokens(arch):
+    model = _causal_mod_model(arch)
+    ids = torch.randint(2, 64, (2, 20))
+    changed = ids.clone()
+    changed[:, 12:] = torch.randint(2, 64, (2, 8))
+    a, b = model(input_ids=ids), model(input_ids=changed)
+    routed = torch.stack([r.routed for r in a.mod_routing])
+    assert routed.any() and not routed.all()  # the check is not vacuous
+    torch.testing.assert_close(a.logits[:, :12], b.logits[:, :12], rtol=0, atol=1e-6)
+    assert not torch.allclose(a.logits[:, 12:], b.logits[:, 12:])
+    # the train-time rule does look ahead: that is why evaluation does not use it
+    model.model.set_mod_routing("topk")
+    c, d = model(input_ids=ids), model(input_ids=changed)
+    assert not torch.allclose(c.logits[:, :12], d.logits[:, :12])
+
+
+@pytest.mark.parametrize("arch", ["mod", "hybrid"])
+def test_causal_mod_sequence_alone_equals_it_inside_a_padded_batch(arch):
+    model = _causal_mod_model(arch)
+    ids = torch.randint(2, 64, (1, 10))
+    other = torch.randint(2, 64, (1, 14))
+    batch = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], 1), other])
+    mask = torch.ones(2, 14, dtype=torch.long)
+    mask[0, :4] = 0
+    alone = model(input_ids=ids).logits
+    in_batch = model(input_ids=batch, attention_mask=mask).logits[:1, 4:]
+    torch.testing.assert_close(in_batch, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_mod_predictor_trains_on_detached_inputs_only():
+    ids = torch.randint(2, 64, (2, 16))
+    grads = []
+    for coef in (0.0, 5.0):
+        torch.manual_seed(3)
+        model = _model("mod", mod_predictor_loss_coef=coef)
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        if "predictor" in name:
+            assert g is None or not g.any()
+            assert grads[1][name].abs().sum() > 0
+        else:
+            torch.testing.assert_close(grads[1][name], g)  # the LM does not feel the predictor's loss
+
+
+@pytest.mark.parametrize("arch", ["mod", "hybrid"])
+def test_mod_generate_with_kv_cache_equals_generate_without(arch):
+    model = _causal_mod_model(arch)
+    prompt = torch.randint(2, 64, (2, 5))
+    cached = model.generate(prompt, max_new_tokens=10, do_sample=False, use_cache=True, min_new_tokens=10)
+    uncached = model.generate(prompt, max_new_tokens=10, do_sample=False, use_cache=False, min_new_tokens=10)
+    assert torch.equal(cached, uncached)
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])

@@ -40,11 +40,18 @@ def test_each_architecture_writes_the_output_contract(arch, tmp_path):
     for m in metrics:
         assert {"step", "loss", "lr", "tokens_per_s"} <= set(m) and math.isfinite(m["loss"])
         if arch in ("moe", "hybrid"):
-            assert sum(m["moe"]["tokens_per_expert"]) > 0 and 0 < m["moe"]["load_balance"] <= 1
+            moe = m["moe"]
+            # 2 micro-batches x 4 x 256 tokens per step, 2 steps a window, top-2, every layer (MoD halves it)
+            tokens = 2 * 2 * 4 * 256 * (0.5 if arch == "hybrid" else 1.0)
+            assert sum(moe["tokens_per_expert"]) == 2 * tokens * 4
+            assert 0 < moe["load_balance"] <= 1 and 0 <= moe["dropped_fraction"] < 1
+            assert moe["z_loss"] > 0 and moe["aux_loss"] > 0 and isinstance(moe["dead_experts"], list)
         if arch in ("mod", "hybrid"):
             assert m["mod"]["skip_rate"] == pytest.approx(0.5)
             assert 0.5 < m["mod"]["flops_reduction"] < 0.6  # half the matmuls, a quarter of the attention
+            assert 0 <= m["mod"]["predictor_accuracy"] <= 1 and m["mod"]["capacity"] == 0.5
     written = json.loads((out / "summary.json").read_text())
+    assert ("validation_loss_topk_routing" in written) == (arch in ("mod", "hybrid"))
     assert written == summary
     for key in ("train_loss", "validation_loss", "final_perplexity", "entropy_floor", "tokens_seen",
                 "wall_time_s", "peak_memory", "total_parameters", "active_parameters", "preset", "arch"):
@@ -80,6 +87,22 @@ def test_weight_decay_skips_norms_and_experts_get_moe_groups():
                 assert group["weight_decay"] == 0.0
             assert group.get("moe", False) == ("deepspeed_experts" in names[id(p)])
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_mod_capacity_anneals_from_one_to_the_target():
+    from adaptive_ds.training.loop import mod_capacity_at
+
+    assert [mod_capacity_at(s, 0.5, 10) for s in (0, 5, 10, 50)] == [1.0, 0.75, 0.5, 0.5]
+    assert mod_capacity_at(0, 0.5, 0) == 0.5
+
+
+def test_capacity_schedule_reaches_the_model(tmp_path):
+    out = tmp_path / "run"
+    train(["--ds_config", _tiny_ds_config(tmp_path, mod_capacity_warmup_steps=4), "--arch", "mod",
+           "--output_dir", str(out)])
+    capacities = [m["mod"]["capacity"] for m in _read_metrics(out)]
+    skips = [m["mod"]["skip_rate"] for m in _read_metrics(out)]
+    assert capacities == [0.875, 0.625] and skips[0] < skips[1] < 0.5
 
 
 def test_schedule_warms_up_linearly_then_decays_to_the_floor():

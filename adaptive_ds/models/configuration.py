@@ -48,10 +48,17 @@ class AdaptiveDSConfig(PreTrainedConfig):
     moe_min_capacity: int = 4
     moe_drop_tokens: bool = True
     moe_ep_size: int = 1
+    moe_dispatch: str = "indexed"  # "indexed" (sorted tokens, grouped GEMM) or "deepspeed" (stock, the baseline)
+    moe_grouped_gemm: bool = True  # torch._grouped_mm where supported, else a matmul per expert
+    moe_jitter: bool = False  # multiplicative jitter on the router input in training (Switch Transformer)
+    moe_use_residual: bool = False  # PR-MoE residual: a dense MLP mixed with the experts
     router_aux_loss_coef: float = 0.01
+    router_z_loss_coef: float = 0.001
     # Mixture of Depths (arch mod / hybrid).
     mod_capacity: float = 0.5
     mod_layer_interval: int = 1
+    mod_predictor_hidden_size: int = 64  # the causal routing predictor's MLP width
+    mod_predictor_loss_coef: float = 1.0  # weight of its BCE loss (its input is detached from the LM)
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -76,6 +83,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
             if self.num_local_experts % self.moe_ep_size:
                 found.append(f"num_local_experts {self.num_local_experts} is not divisible by moe_ep_size "
                              f"{self.moe_ep_size}")
+            if self.moe_dispatch not in ("indexed", "deepspeed"):
+                found.append(f"moe_dispatch must be 'indexed' or 'deepspeed', got {self.moe_dispatch!r}")
             if self.moe_layer_interval < 1:
                 found.append(f"moe_layer_interval must be >= 1, got {self.moe_layer_interval}")
         if self.uses_mod:

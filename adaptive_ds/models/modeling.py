@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from .configuration import AdaptiveDSConfig
-from .mod import MixtureOfDepths
-from .moe import MoEFeedForward, SwiGLU
+from .mod import ROUTING_MODES, AdaptiveDSCache, MixtureOfDepths, MoDRouting
+from .moe import MoEFeedForward, MoERouting, SwiGLU
 
 
 class RMSNorm(nn.Module):
@@ -103,9 +103,8 @@ class Attention(nn.Module):
 
 class LayerOutput(NamedTuple):
     hidden_states: torch.Tensor
-    aux_loss: torch.Tensor | None = None  # MoE load-balancing loss of this layer
-    expert_counts: torch.Tensor | None = None  # (num_experts,) tokens assigned per expert
-    mod_selected: torch.Tensor | None = None  # (batch, k) positions routed through this block
+    moe: MoERouting | None = None  # the MoE MLP's routing
+    mod: MoDRouting | None = None  # the MoD router's decisions
 
 
 class DecoderLayer(nn.Module):
@@ -127,33 +126,47 @@ class DecoderLayer(nn.Module):
         )
         mlp_out = self.mlp(self.post_attention_layernorm(hidden_states))
         if isinstance(self.mlp, MoEFeedForward):
-            mlp_out, aux_loss, expert_counts = mlp_out
-            return LayerOutput(hidden_states + mlp_out, aux_loss, expert_counts)
+            mlp_out, routing = mlp_out
+            return LayerOutput(hidden_states + mlp_out, moe=routing)
         return LayerOutput(hidden_states + mlp_out)
 
 
 @dataclass
 class AdaptiveDSModelOutput(ModelOutput):
-    """Hidden states plus the routing of every MoE layer and MoD block, in layer order."""
+    """Hidden states plus the routing of every MoE layer and MoD block, in layer order.
+
+    `aux_loss` and `z_loss` are means over the MoE layers, so their coefficients do not scale with depth.
+    """
 
     last_hidden_state: torch.Tensor | None = None
     cache: Cache | None = None
     aux_loss: torch.Tensor | None = None
-    expert_counts: tuple[torch.Tensor, ...] | None = None
-    mod_selected: tuple[torch.Tensor, ...] | None = None
+    z_loss: torch.Tensor | None = None
+    expert_counts: tuple[torch.Tensor, ...] | None = None  # per MoE layer, (experts,) demand before capacity
+    expert_dropped: tuple[torch.Tensor, ...] | None = None  # per MoE layer, assignments over capacity
+    mod_routing: tuple[MoDRouting, ...] | None = None  # per MoD block
+    mod_predictor_loss: torch.Tensor | None = None  # mean over MoD blocks (training)
 
 
 @dataclass
 class AdaptiveDSCausalLMOutput(ModelOutput):
-    """`loss` = `lm_loss` + router_aux_loss_coef * `aux_loss` (the aux term enters once, here)."""
+    """`loss` = `lm_loss` + router_aux_loss_coef * `aux_loss` + router_z_loss_coef * `z_loss`
+    + mod_predictor_loss_coef * `mod_predictor_loss`.
+
+    The routing losses enter the loss once, here. The MoD predictor's input is detached, so its loss trains the
+    predictor alone and leaves the language model's gradients as they are.
+    """
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     cache: Cache | None = None
     lm_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
+    z_loss: torch.Tensor | None = None
     expert_counts: tuple[torch.Tensor, ...] | None = None
-    mod_selected: tuple[torch.Tensor, ...] | None = None
+    expert_dropped: tuple[torch.Tensor, ...] | None = None
+    mod_routing: tuple[MoDRouting, ...] | None = None
+    mod_predictor_loss: torch.Tensor | None = None
 
 
 class AdaptiveDSPreTrainedModel(PreTrainedModel):
@@ -172,11 +185,28 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
         layers = []
         for i in range(config.num_hidden_layers):
             block = DecoderLayer(config, i)
-            layers.append(MixtureOfDepths(config, block) if config.is_mod_layer(i) else block)
+            layers.append(MixtureOfDepths(config, block, i) if config.is_mod_layer(i) else block)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.gradient_checkpointing = False
+        self.mod_routing = "causal"
         self.post_init()
+
+    def set_mod_routing(self, mode: str) -> None:
+        """How MoD blocks route in eval mode: "causal" (the predictor; generation, honest evaluation) or "topk"
+        (the train-time per-sequence top-k, which looks at the whole sequence)."""
+        if mode not in ROUTING_MODES:
+            raise ValueError(f"unknown MoD routing {mode!r}; valid choices: {', '.join(ROUTING_MODES)}")
+        self.mod_routing = mode
+        for layer in self.layers:
+            if isinstance(layer, MixtureOfDepths):
+                layer.routing = mode
+
+    def set_mod_capacity(self, capacity: float) -> None:
+        """The share of each sequence's tokens that routed blocks take in training (capacity schedules)."""
+        for layer in self.layers:
+            if isinstance(layer, MixtureOfDepths):
+                layer.capacity = capacity
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 use_cache=None, **kwargs) -> AdaptiveDSModelOutput:
@@ -184,13 +214,13 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         seq_len = hidden_states.shape[1]
-        # MoD's train-time routing ranks a block's tokens against the whole sequence, so a cache built
-        # token by token would route differently: MoD models recompute the prefix at every step.
-        use_cache = (self.config.use_cache if use_cache is None else use_cache) and not self.config.uses_mod
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.training or self.mod_routing == "topk":
+            use_cache = use_cache and not self.config.uses_mod  # top-k routing needs the whole sequence
         if not use_cache:
             cache = None
         elif cache is None:
-            cache = DynamicCache(config=self.config)
+            cache = AdaptiveDSCache(config=self.config)
         past_len = cache.get_seq_length() if cache is not None else 0
 
         key_padding_mask = None
@@ -205,7 +235,7 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
             position_ids, self.config.head_dim, self.config.rope_theta, hidden_states.dtype
         )
 
-        aux_losses, expert_counts, mod_selected = [], [], []
+        moe_routing, mod_routing = [], []
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
                 out = torch.utils.checkpoint.checkpoint(
@@ -214,23 +244,29 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
             else:
                 out = layer(hidden_states, position_embeddings, key_padding_mask, cache)
             hidden_states = out.hidden_states
-            if out.aux_loss is not None:
-                aux_losses.append(out.aux_loss)
-                expert_counts.append(out.expert_counts)
-            if out.mod_selected is not None:
-                mod_selected.append(out.mod_selected)
+            if out.moe is not None:
+                moe_routing.append(out.moe)
+            if out.mod is not None:
+                mod_routing.append(out.mod)
 
+        predictor = [r.predictor_loss for r in mod_routing if r.predictor_loss is not None]
         return AdaptiveDSModelOutput(
             last_hidden_state=self.norm(hidden_states),
             cache=cache,
-            # Mean over MoE layers, so the coefficient does not scale with depth.
-            aux_loss=torch.stack(aux_losses).mean() if aux_losses else None,
-            expert_counts=tuple(expert_counts) or None,
-            mod_selected=tuple(mod_selected) or None,
+            aux_loss=torch.stack([r.aux_loss for r in moe_routing]).mean() if moe_routing else None,
+            z_loss=torch.stack([r.z_loss for r in moe_routing]).mean() if moe_routing else None,
+            expert_counts=tuple(r.expert_counts for r in moe_routing) or None,
+            expert_dropped=tuple(r.dropped for r in moe_routing) or None,
+            mod_routing=tuple(mod_routing) or None,
+            mod_predictor_loss=torch.stack(predictor).mean() if predictor else None,
         )
 
 
 class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # forward creates an AdaptiveDSCache, which also tracks MoD routing
+
     def __init__(self, config: AdaptiveDSConfig):
         super().__init__(config)
         self.model = AdaptiveDSModel(config)
@@ -254,8 +290,12 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
             )
             loss = lm_loss
             if out.aux_loss is not None:
-                loss = lm_loss + self.config.router_aux_loss_coef * out.aux_loss
+                loss = (loss + self.config.router_aux_loss_coef * out.aux_loss
+                        + self.config.router_z_loss_coef * out.z_loss)
+            if out.mod_predictor_loss is not None:
+                loss = loss + self.config.mod_predictor_loss_coef * out.mod_predictor_loss
         return AdaptiveDSCausalLMOutput(
-            loss=loss, logits=logits, cache=out.cache, lm_loss=lm_loss, aux_loss=out.aux_loss,
-            expert_counts=out.expert_counts, mod_selected=out.mod_selected,
+            loss=loss, logits=logits, cache=out.cache, lm_loss=lm_loss, aux_loss=out.aux_loss, z_loss=out.z_loss,
+            expert_counts=out.expert_counts, expert_dropped=out.expert_dropped, mod_routing=out.mod_routing,
+            mod_predictor_loss=out.mod_predictor_loss,
         )

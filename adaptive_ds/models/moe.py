@@ -1,13 +1,30 @@
-"""Mixture-of-Experts feed-forward: a DeepSpeed MoE layer whose experts are SwiGLU MLPs.
+"""Mixture-of-Experts feed-forward on DeepSpeed's MoE machinery, with index-based dispatch.
 
-The expert parameters are created by `deepspeed.moe.layer.MoE`, so they carry the `allreduce=False` and
-`group_name` marks that DeepSpeed's ZeRO optimizer, gradient all-reduce and MoE checkpoint layout expect.
+The layer is a `deepspeed.moe.layer.MoE`: its experts carry the `allreduce=False` / `group_name` marks that
+DeepSpeed's ZeRO optimizer, gradient reduction and MoE checkpoint layout expect, and the engine gives it its
+expert-parallel process group. What we replace is the dispatch. DeepSpeed's stock path scatters tokens into
+a (experts, capacity, hidden) buffer padded to capacity; `dispatch="indexed"` (the default) instead sorts the
+token-expert assignments by expert, sends exactly those rows across the expert-parallel group with one
+variable-size all-to-all, and runs each projection of all local experts as one grouped GEMM
+(`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice.
+`dispatch="deepspeed"` runs DeepSpeed's stock layer, kept as the baseline.
+
+Routing semantics follow DeepSpeed's `top1gating` / `top2gating` (GShard, Lepikhin et al. 2020): softmax
+gates in float32; capacity ceil(k * tokens / experts * capacity_factor), at least min_capacity; when an expert
+overflows, earlier tokens win and every first choice outranks every second choice; a token's gate weights are
+renormalised over the choices it kept (top-2) or left as the gate probability (top-1).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from deepspeed.moe.layer import MoE
+from deepspeed.moe.sharded_moe import multiplicative_jitter
 from torch import nn
 
 from .configuration import AdaptiveDSConfig
@@ -23,18 +40,113 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+        return self.down_proj(F.silu(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+
+
+@dataclass
+class MoERouting:
+    """One MoE layer's routing of one forward pass."""
+
+    aux_loss: torch.Tensor  # load-balancing loss, E * sum_e(mean gate prob_e * share of first choices_e)
+    z_loss: torch.Tensor  # router z-loss, mean(logsumexp(logits)^2) (Zoph et al. 2022, ST-MoE eq. 5)
+    expert_counts: torch.Tensor  # (experts,) assignments each expert was chosen for, before capacity
+    dropped: torch.Tensor  # assignments dropped by the capacity limit
+
+
+def load_balancing_loss(probs: torch.Tensor, first_choice: torch.Tensor) -> torch.Tensor:
+    """GShard / Switch auxiliary loss: E * sum_e(mean_s p_se * f_e), f_e the share of tokens whose first
+    choice is e (Fedus et al. 2021, eq. 4). 1.0 when routing is uniform."""
+    num_experts = probs.shape[-1]
+    share = F.one_hot(first_choice, num_experts).float().mean(0)
+    return num_experts * (probs.mean(0) * share).sum()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE router z-loss (Zoph et al. 2022, eq. 5): keeps router logits small for numerical stability."""
+    return torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float, min_capacity: int) -> int:
+    """Slots per expert, as DeepSpeed computes them: ceil(k * tokens / experts * factor), at least min_capacity."""
+    return max(math.ceil(num_tokens / num_experts * capacity_factor * k), min_capacity)
+
+
+@dataclass
+class Assignments:
+    """Kept token-expert assignments, sorted by expert (stable, so by priority within an expert)."""
+
+    token: torch.Tensor  # (n,) index of the token in the flattened batch
+    weight: torch.Tensor  # (n,) gate weight applied to the expert's output
+    counts: torch.Tensor  # (experts,) kept assignments per expert
+
+
+def route(logits: torch.Tensor, k: int, capacity: int | None) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
+    """Top-k routing of `logits` (tokens, experts) with DeepSpeed's priorities; `capacity` None is dropless.
+
+    Returns the kept assignments, the demand per expert before the capacity limit, and the gate probabilities.
+    """
+    num_tokens, num_experts = logits.shape
+    probs = logits.softmax(dim=-1)
+    top_p, top_e = probs.topk(k, dim=-1)  # (tokens, k)
+    # Choice-major order: all first choices in token order, then all second choices.
+    expert = top_e.t().reshape(-1)
+    token = torch.arange(num_tokens, device=logits.device).repeat(k)
+    gate = top_p.t().reshape(-1)
+    demand = torch.bincount(expert, minlength=num_experts)
+    order = torch.argsort(expert, stable=True)
+    if capacity is not None:
+        starts = torch.cumsum(demand, 0) - demand
+        slot = torch.empty_like(order)
+        slot[order] = torch.arange(order.numel(), device=order.device) - starts[expert[order]]
+        kept = slot < capacity
+        order = order[kept[order]]
+        gate = gate * kept
+    if k > 1:  # renormalise over each token's kept choices (a fully dropped token gets no expert output)
+        total = gate.view(k, num_tokens).sum(0).clamp_min(torch.finfo(gate.dtype).eps)
+        gate = gate / total.repeat(k)
+    counts = torch.bincount(expert[order], minlength=num_experts)
+    return Assignments(token[order], gate[order], counts), demand, probs
+
+
+class _AllToAll(torch.autograd.Function):
+    """Variable-size all-to-all whose backward sends the gradients back the way the rows came."""
+
+    @staticmethod
+    def forward(ctx, x, output_splits: list[int], input_splits: list[int], group):
+        ctx.splits, ctx.group = (output_splits, input_splits), group
+        out = x.new_empty((sum(output_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        output_splits, input_splits = ctx.splits
+        return _AllToAll.apply(grad, input_splits, output_splits, ctx.group), None, None, None
+
+
+def grouped_mm_supported(x: torch.Tensor) -> bool:
+    """torch._grouped_mm runs in float32 on CPU and in bfloat16 on Hopper-class GPUs (compute capability 9.0+)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if x.is_cuda:
+        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
+    return x.device.type == "cpu" and x.dtype == torch.float32
 
 
 class MoEFeedForward(nn.Module):
-    """Top-k routed SwiGLU experts through `deepspeed.moe.layer.MoE` (GShard-style gating and all-to-all).
-
-    Returns the layer output, DeepSpeed's load-balancing loss for this layer (Lepikhin et al. 2020, eq. 4:
-    E^2 * mean_e(mean gate prob_e * fraction routed_e), 1.0 when balanced) and the tokens assigned per expert.
-    """
+    """Top-k routed SwiGLU experts in a `deepspeed.moe.layer.MoE`, dispatched by index (see the module doc)."""
 
     def __init__(self, config: AdaptiveDSConfig):
         super().__init__()
+        self.k = config.num_experts_per_tok
+        self.num_experts = config.num_local_experts
+        self.capacity_factor = config.moe_capacity_factor
+        self.eval_capacity_factor = config.moe_eval_capacity_factor
+        self.min_capacity = config.moe_min_capacity
+        self.drop_tokens = config.moe_drop_tokens
+        self.jitter = config.moe_jitter
+        self.dispatch = config.moe_dispatch
+        self.grouped_gemm = config.moe_grouped_gemm
         self.moe = MoE(
             hidden_size=config.hidden_size,
             expert=SwiGLU(config.hidden_size, config.intermediate_size),
@@ -44,12 +156,88 @@ class MoEFeedForward(nn.Module):
             capacity_factor=config.moe_capacity_factor,
             eval_capacity_factor=config.moe_eval_capacity_factor,
             min_capacity=config.moe_min_capacity,
+            use_residual=config.moe_use_residual,
+            noisy_gate_policy="Jitter" if config.moe_jitter else None,
             drop_tokens=config.moe_drop_tokens,
             use_rts=False,  # random token selection would make routing depend on the RNG, not the input
             top2_2nd_expert_sampling=False,  # deterministic top-2, as in Mixtral
         )
 
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # hidden_states: (batch, seq, hidden); DeepSpeed flattens to tokens internally.
-        output, aux_loss, expert_counts = self.moe(hidden_states)
-        return output, aux_loss, expert_counts
+    @property
+    def _layer(self):
+        return self.moe.deepspeed_moe
+
+    def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(tokens, experts) float32 logits of DeepSpeed's gate, with its multiplicative jitter in training."""
+        x = tokens.float()
+        if self.jitter and self.training:
+            x = multiplicative_jitter(x, device=x.device)
+        return F.linear(x, self._layer.gate.wg.weight.float())
+
+    def capacity(self, num_tokens: int) -> int | None:
+        if not self.drop_tokens:
+            return None
+        factor = self.capacity_factor if self.training else self.eval_capacity_factor
+        return expert_capacity(num_tokens, self.num_experts, self.k, factor, self.min_capacity)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, MoERouting]:
+        shape = hidden_states.shape
+        tokens = hidden_states.reshape(-1, shape[-1])  # (tokens, hidden)
+        if self.dispatch == "deepspeed":
+            output, aux_loss, demand = self.moe(hidden_states)
+            # DeepSpeed's gate does not expose its logits; recompute them for the z-loss (one small matmul).
+            z_loss = router_z_loss(F.linear(tokens.float(), self._layer.gate.wg.weight.float()))
+            return output, self._routing(aux_loss, z_loss, demand, tokens.shape[0])
+
+        logits = self.router_logits(tokens)
+        assignments, demand, probs = route(logits, self.k, self.capacity(tokens.shape[0]))
+        expert_out = self._dispatch(tokens, assignments)  # (kept, hidden)
+        output = torch.zeros_like(tokens).index_add_(
+            0, assignments.token, expert_out * assignments.weight.unsqueeze(-1).to(expert_out.dtype))
+        output = output.view(shape)
+        if self.moe.use_residual:  # PR-MoE (Rajbhandari et al. 2022): a dense MLP mixed in by a learned coefficient
+            coef = self.moe.coefficient(hidden_states).softmax(dim=-1)
+            output = output * coef[..., 0:1] + self.moe.mlp(hidden_states) * coef[..., 1:]
+        aux_loss = load_balancing_loss(probs, logits.argmax(dim=-1))
+        return output, self._routing(aux_loss, router_z_loss(logits), demand, tokens.shape[0])
+
+    def _routing(self, aux_loss, z_loss, demand, num_tokens) -> MoERouting:
+        capacity = self.capacity(num_tokens)
+        demand = demand.detach()
+        dropped = (demand - capacity).clamp_min(0).sum() if capacity is not None else demand.new_zeros(())
+        return MoERouting(aux_loss, z_loss, demand, dropped)
+
+    def _dispatch(self, tokens: torch.Tensor, assignments: Assignments) -> torch.Tensor:
+        """Run the kept assignments through their experts; rows return in the order they were given."""
+        x = tokens.index_select(0, assignments.token)  # (kept, hidden), sorted by expert
+        ep_size, group = self._layer.ep_size, self._layer.ep_group
+        if ep_size == 1:
+            return self._experts(x, assignments.counts)
+        num_local = self.num_experts // ep_size
+        send = assignments.counts.view(ep_size, num_local)  # rows for each rank's experts
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)  # recv[src, e]: rows rank src sends my expert e
+        send_splits, recv_splits = send.sum(1).tolist(), recv.sum(1).tolist()
+        x = _AllToAll.apply(x, recv_splits, send_splits, group)
+        # Received rows are grouped by source rank, then local expert: regroup by local expert.
+        local_expert = torch.repeat_interleave(
+            torch.arange(num_local, device=x.device).repeat(ep_size), recv.flatten())
+        regroup = torch.argsort(local_expert, stable=True)
+        y = torch.empty_like(x)
+        y[regroup] = self._experts(x[regroup], recv.sum(0))
+        return _AllToAll.apply(y, send_splits, recv_splits, group)
+
+    def _experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """SwiGLU of each local expert on its contiguous rows of `x` (rows sorted by expert)."""
+        experts = self._layer.experts.deepspeed_experts
+        if self.grouped_gemm and grouped_mm_supported(x):
+            offsets = torch.cumsum(counts, 0).to(torch.int32)
+
+            def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
+                return torch.stack([getattr(e, name).weight for e in experts]).transpose(-2, -1)
+
+            gate = torch._grouped_mm(x, stacked("gate_proj"), offs=offsets)
+            up = torch._grouped_mm(x, stacked("up_proj"), offs=offsets)
+            return torch._grouped_mm(F.silu(gate) * up, stacked("down_proj"), offs=offsets)
+        chunks = x.split(counts.tolist())
+        return torch.cat([expert(chunk) for expert, chunk in zip(experts, chunks, strict=True)])

@@ -33,6 +33,7 @@ class RunSettings:
     min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak learning rate
     log_steps: int = 10
     eval_batches: int = 8  # held-out batches of the final validation loss
+    mod_capacity_warmup_steps: int = 0  # MoD capacity anneals linearly from 1.0 to the preset's over these steps
     model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
 
 

@@ -50,12 +50,26 @@ def _mean_over_ranks(value: float) -> float:
 
 
 @torch.no_grad()
-def evaluate(engine, batches: list[dict], device) -> float:
-    """Mean LM loss over held-out batches (the model in eval mode), averaged over ranks."""
+def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> float:
+    """Mean LM loss over held-out batches (the model in eval mode), averaged over ranks.
+
+    MoD blocks route with `mod_routing`: "causal" (the predictor; what generation does, the honest figure)
+    or "topk" (the train-time rule, which sees the whole sequence).
+    """
+    model = engine.module.model
     engine.eval()
-    losses = [engine(**{k: v.to(device) for k, v in b.items()}).lm_loss.item() for b in batches]
+    model.set_mod_routing(mod_routing)
+    losses = [engine(**{k: v.to(engine.device) for k, v in b.items()}).lm_loss.item() for b in batches]
+    model.set_mod_routing("causal")
     engine.train()
     return _mean_over_ranks(sum(losses) / len(losses))
+
+
+def mod_capacity_at(step: int, target: float, warmup_steps: int) -> float:
+    """Capacity schedule: linear from 1.0 at step 0 to `target` at `warmup_steps`, constant afterwards."""
+    if step >= warmup_steps:
+        return target
+    return 1.0 + (target - 1.0) * step / warmup_steps
 
 
 def train(argv: list[str] | None = None) -> dict:
@@ -91,7 +105,10 @@ def train(argv: list[str] | None = None) -> dict:
                     stats.entropy_floor, stats.unigram_entropy)
 
     summary = _train_loop(engine, config, settings, data, output_dir, micro, accum)
-    val_loss = evaluate(engine, data.validation_batches(micro, settings.eval_batches), engine.device)
+    validation = data.validation_batches(micro, settings.eval_batches)
+    val_loss = evaluate(engine, validation)
+    if config.uses_mod:
+        summary["validation_loss_topk_routing"] = evaluate(engine, validation, "topk")
     save_final(engine.module, tok, os.path.join(output_dir, "final"), is_writer=rank == 0)
     summary.update(
         preset=settings.preset, arch=settings.arch, world_size=world, seq_len=seq_len,
@@ -129,13 +146,16 @@ def _train_loop(engine, config, settings: RunSettings, data, output_dir: str, mi
     window_losses, window_start, train_loss = [], time.time(), float("nan")
     with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
         for step in range(1, settings.max_steps + 1):
+            if config.uses_mod:
+                capacity = mod_capacity_at(step - 1, config.mod_capacity, settings.mod_capacity_warmup_steps)
+                engine.module.model.set_mod_capacity(capacity)
             for _ in range(accum):
                 batch = {k: v.to(engine.device) for k, v in next(batches).items()}
                 out = engine(**batch)
                 engine.backward(out.loss)
                 engine.step()
                 window_losses.append(out.lm_loss.item())
-                window.add(out, batch["input_ids"].numel())
+                window.add(out)
             bar.update(1)
             if step % settings.log_steps and step != settings.max_steps:
                 continue
@@ -147,6 +167,8 @@ def _train_loop(engine, config, settings: RunSettings, data, output_dir: str, mi
                 "tokens_per_s": steps_in_window * tokens_per_step / elapsed,
                 "tokens_seen": step * tokens_per_step, **window.summary(),
             }
+            if config.uses_mod:
+                record["mod"]["capacity"] = capacity
             if stats:
                 record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(train_loss))
             writer.write(record)

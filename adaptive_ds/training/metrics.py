@@ -9,6 +9,7 @@ import resource
 import sys
 
 import torch
+import torch.distributed as dist
 
 from ..flops import training_flops_per_token
 from ..models.configuration import AdaptiveDSConfig
@@ -25,7 +26,10 @@ def load_balance(counts: torch.Tensor) -> float:
 
 
 class RoutingWindow:
-    """Routing statistics of the micro-batches since the last log, from the model's outputs."""
+    """Routing statistics of the micro-batches since the last log, from the model's outputs.
+
+    `summary()` is collective: every rank calls it at the same step, and MoE loads are summed over ranks.
+    """
 
     def __init__(self, config: AdaptiveDSConfig):
         self.config = config
@@ -36,40 +40,66 @@ class RoutingWindow:
         self.reset()
 
     def reset(self) -> None:
-        self.expert_counts: list[torch.Tensor] | None = None  # per MoE layer, (num_experts,)
+        self.expert_counts: torch.Tensor | None = None  # (moe layers, experts) demand
+        self.dropped = 0.0
         self.aux_losses: list[float] = []
-        self.routed: list[int] | None = None  # per MoD block: tokens that ran the block
+        self.z_losses: list[float] = []
+        self.routed: torch.Tensor | None = None  # (mod blocks,) tokens that ran each block
         self.offered = 0  # tokens offered to each MoD block
+        self.predictor_correct = 0.0
+        self.predictor_tokens = 0
+        self.predictor_losses: list[float] = []
 
-    def add(self, output, seq_tokens: int) -> None:
+    def add(self, output) -> None:
         if output.expert_counts is not None:
-            counts = [c.detach().float().cpu() for c in output.expert_counts]
-            self.expert_counts = counts if self.expert_counts is None else [
-                a + b for a, b in zip(self.expert_counts, counts, strict=True)]
+            counts = torch.stack([c.detach().float().cpu() for c in output.expert_counts])
+            self.expert_counts = counts if self.expert_counts is None else self.expert_counts + counts
+            self.dropped += sum(float(d) for d in output.expert_dropped)
             self.aux_losses.append(output.aux_loss.item())
-        if output.mod_selected is not None:
-            routed = [s.numel() for s in output.mod_selected]
-            self.routed = routed if self.routed is None else [a + b for a, b in zip(self.routed, routed, strict=True)]
-            self.offered += seq_tokens
+            self.z_losses.append(output.z_loss.item())
+        if output.mod_routing is not None:
+            routed = torch.tensor([float(r.routed.sum()) for r in output.mod_routing])
+            self.routed = routed if self.routed is None else self.routed + routed
+            self.offered += output.mod_routing[0].routed.numel()
+            if output.mod_predictor_loss is not None:
+                self.predictor_correct += sum(float(r.predictor_correct) for r in output.mod_routing)
+                self.predictor_tokens += sum(r.predictor_tokens for r in output.mod_routing)
+                self.predictor_losses.append(output.mod_predictor_loss.item())
 
     def summary(self) -> dict:
         stats = {}
         if self.expert_counts is not None:
-            per_layer = torch.stack(self.expert_counts)  # (moe layers, experts)
+            per_layer = _sum_over_ranks(self.expert_counts)  # (moe layers, experts)
+            assignments = float(per_layer.sum())
+            dropped = float(_sum_over_ranks(torch.tensor([self.dropped])))
+            dead = [f"{layer}:{expert}" for layer, expert in (per_layer == 0).nonzero().tolist()]
             stats["moe"] = {
                 "tokens_per_expert": per_layer.sum(0).long().tolist(),
                 "expert_utilisation": (per_layer > 0).float().mean().item(),
                 "load_balance": sum(load_balance(c) for c in per_layer) / len(per_layer),
+                "dropped_fraction": dropped / assignments if assignments else 0.0,
                 "aux_loss": sum(self.aux_losses) / len(self.aux_losses),
+                "z_loss": sum(self.z_losses) / len(self.z_losses),
+                "dead_experts": dead,  # "moe layer:expert" pairs that received no token in the window
             }
         if self.routed is not None and self.offered:
-            fractions = [r / self.offered for r in self.routed]
+            fractions = (self.routed / self.offered).tolist()
             routed = training_flops_per_token(self.config, self.config.max_position_embeddings, fractions)
             stats["mod"] = {
-                "skip_rate": 1.0 - sum(self.routed) / (self.offered * len(self.routed)),
+                "skip_rate": 1.0 - float(self.routed.sum()) / (self.offered * len(self.routed)),
                 "flops_reduction": 1.0 - routed / self._unrouted_flops,
             }
+            if self.predictor_losses:
+                stats["mod"]["predictor_accuracy"] = self.predictor_correct / self.predictor_tokens
+                stats["mod"]["predictor_loss"] = sum(self.predictor_losses) / len(self.predictor_losses)
         return stats
+
+
+def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.clone()
+        dist.all_reduce(t)
+    return t
 
 
 def peak_memory() -> dict:

@@ -1,0 +1,146 @@
+"""Side-by-side training throughput of the architectures at one preset, through the DeepSpeed engine.
+
+    python -m adaptive_ds.benchmark --preset debug --steps 20 --rounds 3 --out bench.json
+
+Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in
+interleaved rounds in one process, so drift in the machine's speed hits them alike; the reported tokens/s is
+the median over rounds. Cases: dense; moe (our index-based dispatch); moe_deepspeed (DeepSpeed's stock MoE
+dispatch on the same model and routing, the baseline); mod; hybrid. MFU counts the FLOPs of the tokens
+actually routed (`adaptive_ds.flops`) against the GPU's dense peak; on a CPU, where no peak is defined,
+achieved TFLOP/s is reported instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+
+import deepspeed
+import torch
+
+from . import distributed
+from .data import build_training_data
+from .flops import training_flops_per_token
+from .hardware import PEAK_TFLOPS, detect_gpu
+from .models import AdaptiveDSForCausalLM
+from .presets import PRESETS, model_config
+from .training.optim import parameter_groups
+
+logger = logging.getLogger(__name__)
+
+CASES = {
+    "dense": {"arch": "dense"},
+    "moe": {"arch": "moe"},
+    "moe_deepspeed": {"arch": "moe", "moe_dispatch": "deepspeed"},
+    "mod": {"arch": "mod"},
+    "hybrid": {"arch": "hybrid"},
+}
+RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("hybrid", "moe"))
+
+
+def _ds_config(micro_batch: int, precision: str) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.1}},
+        "zero_optimization": {"stage": 1}, "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"}, "steps_per_print": 10**9,
+    }
+
+
+class Case:
+    def __init__(self, name: str, preset: str, vocab_size: int, micro_batch: int, precision: str, seed: int):
+        torch.manual_seed(seed)
+        self.name = name
+        self.config = model_config(preset, vocab_size=vocab_size, moe_drop_tokens=False, **CASES[name])
+        model = AdaptiveDSForCausalLM(self.config)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1),
+                                               config=_ds_config(micro_batch, precision))
+        self.rates: list[float] = []
+        self.routed: list[float] = []
+
+    def run(self, batches, steps: int) -> None:
+        tokens = 0
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            batch = {k: v.to(self.engine.device) for k, v in next(batches).items()}
+            out = self.engine(**batch)
+            self.engine.backward(out.loss)
+            self.engine.step()
+            tokens += batch["input_ids"].numel()
+            if out.mod_routing:
+                self.routed = [float(r.routed.float().mean()) for r in out.mod_routing]
+        sync()
+        self.rates.append(tokens / (time.perf_counter() - start))
+
+    def result(self, seq_len: int, peak_tflops: float | None) -> dict:
+        tokens_per_s = statistics.median(self.rates)
+        flops = training_flops_per_token(self.config, seq_len, self.routed or None)
+        achieved = tokens_per_s * flops / 1e12
+        return {"tokens_per_s": tokens_per_s, "rounds": self.rates, "flops_per_token": flops,
+                "achieved_tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None}
+
+
+def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch: int, precision: str,
+                  cases: list[str], seed: int = 0) -> dict:
+    distributed.init_distributed()
+    seq_len = PRESETS[preset].seq_len
+    data = build_training_data("embedded", seq_len, seed)
+    built = [Case(name, preset, len(data.tokenizer), micro_batch, precision, seed) for name in cases]
+    batches = data.train_batches(micro_batch)
+    for case in built:  # warm-up: allocator, kernels, JIT
+        case.run(batches, warmup)
+        case.rates.clear()
+    for _ in range(rounds):
+        for case in built:
+            case.run(batches, steps)
+    gpu = detect_gpu()
+    peak = PEAK_TFLOPS.get(gpu) if gpu else None
+    results = {case.name: case.result(seq_len, peak) for case in built}
+    ratios = {f"{a}/{b}": results[a]["tokens_per_s"] / results[b]["tokens_per_s"]
+              for a, b in RATIOS if a in results and b in results}
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
+    return {"preset": preset, "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision,
+            "steps_per_round": steps, "rounds": rounds, "device": device, "peak_tflops": peak,
+            "torch": torch.__version__, "deepspeed": deepspeed.__version__, "results": results, "ratios": ratios}
+
+
+def _table(report: dict) -> str:
+    lines = [f"{report['preset']} on {report['device']}, {report['precision']}, micro-batch {report['micro_batch']} "
+             f"x seq {report['seq_len']}, median of {report['rounds']} rounds x {report['steps_per_round']} steps",
+             f"{'case':<15}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}"]
+    for name, r in report["results"].items():
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        lines.append(f"{name:<15}{r['tokens_per_s']:>12,.0f}{r['achieved_tflops']:>10.3f}{mfu:>8}")
+    lines += [f"{name}: {value:.2f}x" for name, value in report["ratios"].items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Side-by-side training throughput of the architectures.")
+    p.add_argument("--preset", default="debug", choices=list(PRESETS))
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps per case per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--micro_batch", type=int, default=16)
+    p.add_argument("--precision", default="bf16" if torch.cuda.is_available() else "fp32",
+                   choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--out", help="write the report as JSON here")
+    args = p.parse_args(argv)
+    distributed.setup_logging(logging.WARNING)
+    report = run_benchmark(args.preset, args.steps, args.rounds, args.warmup, args.micro_batch, args.precision,
+                           args.cases)
+    print(_table(report))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Run under `torchrun --nproc_per_node 2`: an ep_size-2 MoE model on half the batch per rank must give the
+loss and gradients of the same model (ep_size 1) on the whole batch in one process.
+
+Gradient convention checked: non-expert gradients are averaged over data-parallel ranks; an expert's gradient
+(it lives on one rank, fed by both ranks' tokens through the all-to-all) is divided by the world size, which is
+what DeepSpeed's engine applies to expert parameters when the expert-data-parallel group has size 1.
+The routing losses are switched off: like DeepSpeed's, they are computed on each rank's own tokens, so with
+them the two runs differ by design (a mean of per-rank products is not the product of global means).
+"""
+
+import re
+import sys
+
+import torch
+import torch.distributed as dist
+
+from adaptive_ds.distributed import init_distributed
+from adaptive_ds.models import AdaptiveDSConfig, AdaptiveDSForCausalLM
+
+EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
+
+
+def config(ep_size: int) -> AdaptiveDSConfig:
+    return AdaptiveDSConfig(arch="moe", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                            moe_drop_tokens=False, moe_ep_size=ep_size, router_aux_loss_coef=0.0,
+                            router_z_loss_coef=0.0, moe_grouped_gemm=sys.argv[1] == "grouped")
+
+
+def main() -> None:
+    init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    reference = AdaptiveDSForCausalLM(config(1))
+    ids = torch.randint(0, 64, (4, 16))
+    ref_out = reference(input_ids=ids, labels=ids)
+    ref_out.loss.backward()
+    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
+
+    model = AdaptiveDSForCausalLM(config(world))
+    for module in model.modules():
+        if hasattr(module, "set_deepspeed_parallelism"):
+            module.set_deepspeed_parallelism()
+    num_local = 4 // world
+    local_to_global = {}
+    for name, _ in model.named_parameters():
+        match = EXPERT.match(name)
+        local_to_global[name] = (f"{match.group(1)}{rank * num_local + int(match.group(2))}{match.group(3)}"
+                                 if match else name)
+    ref_params = dict(reference.named_parameters())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(ref_params[local_to_global[name]])
+
+    half = ids[rank * 2:(rank + 1) * 2]
+    out = model(input_ids=half, labels=half)
+    out.loss.backward()
+    lm_loss = out.lm_loss.detach().clone()
+    dist.all_reduce(lm_loss)
+    torch.testing.assert_close(lm_loss / world, ref_out.lm_loss.detach(), rtol=1e-5, atol=1e-6)
+    for name, param in model.named_parameters():
+        grad = param.grad.clone()
+        if EXPERT.match(name):
+            grad /= world
+        else:
+            dist.all_reduce(grad)
+            grad /= world
+        torch.testing.assert_close(grad, ref_grads[local_to_global[name]], rtol=1e-4, atol=1e-6, msg=name)
+    print(f"rank {rank}: loss and gradients match the one-process run")
+
+
+if __name__ == "__main__":
+    main()
