@@ -30,7 +30,7 @@ def naive_moe(layer: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("k", [1, 2])
-@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("grouped", ["always", "never"])
 def test_indexed_dispatch_equals_a_naive_loop_in_outputs_and_gradients(k, grouped):
     layer = _layer(num_experts_per_tok=k, moe_drop_tokens=False, moe_grouped_gemm=grouped)
     x = torch.randn(3, 10, 32, requires_grad=True)
@@ -114,7 +114,7 @@ def test_z_loss_and_jitter_and_residual():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experts", ["grouped", "loop"])
+@pytest.mark.parametrize("experts", ["always", "never"])
 def test_two_process_expert_parallel_equals_one_process(experts):
     from conftest import run_command
 

@@ -49,7 +49,7 @@ class AdaptiveDSConfig(PreTrainedConfig):
     moe_drop_tokens: bool = True
     moe_ep_size: int = 1
     moe_dispatch: str = "indexed"  # "indexed" (sorted tokens, grouped GEMM) or "deepspeed" (stock, the baseline)
-    moe_grouped_gemm: bool = True  # torch._grouped_mm where supported, else a matmul per expert
+    moe_grouped_gemm: str = "auto"  # torch._grouped_mm: "auto" (Hopper bf16), "always" or "never"
     moe_jitter: bool = False  # multiplicative jitter on the router input in training (Switch Transformer)
     moe_use_residual: bool = False  # PR-MoE residual: a dense MLP mixed with the experts
     router_aux_loss_coef: float = 0.01
@@ -85,6 +85,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
                              f"{self.moe_ep_size}")
             if self.moe_dispatch not in ("indexed", "deepspeed"):
                 found.append(f"moe_dispatch must be 'indexed' or 'deepspeed', got {self.moe_dispatch!r}")
+            if self.moe_grouped_gemm not in ("auto", "always", "never"):
+                found.append(f"moe_grouped_gemm must be 'auto', 'always' or 'never', got {self.moe_grouped_gemm!r}")
             if self.moe_layer_interval < 1:
                 found.append(f"moe_layer_interval must be >= 1, got {self.moe_layer_interval}")
         if self.uses_mod:

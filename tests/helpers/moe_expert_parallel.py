@@ -24,7 +24,7 @@ def config(ep_size: int) -> AdaptiveDSConfig:
     return AdaptiveDSConfig(arch="moe", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                             moe_drop_tokens=False, moe_ep_size=ep_size, router_aux_loss_coef=0.0,
-                            router_z_loss_coef=0.0, moe_grouped_gemm=sys.argv[1] == "grouped")
+                            router_z_loss_coef=0.0, moe_grouped_gemm=sys.argv[1])
 
 
 def main() -> None:
