@@ -144,6 +144,15 @@ def test_torchrun_launches_the_same_script(tmp_path):
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.slow
+def test_accelerate_launch_with_deepspeed_runs_the_same_script(tmp_path):
+    out = tmp_path / "run"
+    result = run_command(["accelerate", "launch", "--use_deepspeed", "--num_processes", "2", "launchers/train.py",
+                          "--ds_config", _tiny_ds_config(tmp_path), "--arch", "hybrid", "--output_dir", str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["world_size"] == 2
+
+
 def test_default_config_is_the_debug_dense_run():
     config = json.loads((ROOT / "ds_configs" / "debug_cpu.json").read_text())
     assert config["adaptive_ds"]["preset"] == "debug" and DEBUG_CPU.endswith("debug_cpu.json")
