@@ -9,9 +9,10 @@
 import sys
 
 from adaptive_ds.training import ConfigError, train
+from adaptive_ds.training.checkpoint import CheckpointError
 
 if __name__ == "__main__":
     try:
         train(sys.argv[1:])
-    except ConfigError as error:
+    except (ConfigError, CheckpointError) as error:
         sys.exit(f"error: {error}")

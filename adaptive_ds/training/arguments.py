@@ -34,6 +34,10 @@ class RunSettings:
     log_steps: int = 10
     eval_batches: int = 8  # held-out batches of the final validation loss
     mod_capacity_warmup_steps: int = 0  # MoD capacity anneals linearly from 1.0 to the preset's over these steps
+    eval_steps: int = 0  # validation loss every N steps (0: only at the end)
+    save_steps: int = 0  # DeepSpeed checkpoint every N steps (0: only at the end)
+    keep_last: int = 2  # checkpoints kept
+    resume: str = "auto"  # "auto": continue from OUTPUT_DIR's latest checkpoint if there is one; "never"
     model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
 
 
@@ -51,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output_dir", help="new or empty directory for metrics, summary and the final model")
     p.add_argument("--seed", type=int)
     p.add_argument("--ep_size", type=int, help="expert-parallel group size for moe / hybrid")
+    p.add_argument("--eval_steps", type=int, help="validation loss every N steps")
+    p.add_argument("--save_steps", type=int, help="checkpoint every N steps")
+    p.add_argument("--keep_last", type=int, help="checkpoints to keep")
+    p.add_argument("--resume", choices=["auto", "never"], help="continue from OUTPUT_DIR's latest checkpoint")
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
     return p
 
@@ -88,9 +96,14 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
         problems.append(f"unknown arch {settings.arch!r}; valid choices: {', '.join(ARCHITECTURES)}")
     if settings.data != EMBEDDED and not os.path.exists(settings.data):
         problems.append(f"data path {settings.data!r} does not exist; valid choices: '{EMBEDDED}' or an existing path")
-    for name in ("max_steps", "log_steps", "eval_batches"):
+    for name in ("max_steps", "log_steps", "eval_batches", "keep_last"):
         if getattr(settings, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(settings, name)}")
+    for name in ("eval_steps", "save_steps", "mod_capacity_warmup_steps"):
+        if getattr(settings, name) < 0:
+            problems.append(f"{name} must be >= 0, got {getattr(settings, name)}")
+    if settings.resume not in ("auto", "never"):
+        problems.append(f"resume {settings.resume!r} is not one of auto, never")
     model_fields = {f.name for f in fields(AdaptiveDSConfig)}
     unknown = sorted(set(settings.model) - model_fields)
     if unknown:
@@ -127,7 +140,8 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     raw = _load_json(args.ds_config)
     ds_config = copy.deepcopy(raw)
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
-    for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed"):
+    for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
+                 "resume"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

@@ -1,56 +1,129 @@
-"""Writing the final model: a `save_pretrained` folder with every expert, whatever the expert parallelism."""
+"""DeepSpeed training checkpoints: periodic, atomic, pruned, and checked before they are resumed.
+
+Layout: OUTPUT_DIR/checkpoints/<tag>/ holds DeepSpeed's files (module, ZeRO optimizer shards, expert files,
+scheduler, loss scaler), each rank's RNG state and `run.json` (step, data position, what the run was);
+OUTPUT_DIR/checkpoints/latest names the newest *complete* checkpoint. It is replaced atomically only after
+every rank has finished writing, so a process killed at any moment leaves `latest` at a complete checkpoint
+and the next start resumes from it (a partial tag directory is ignored, and removed by the next prune).
+"""
 
 from __future__ import annotations
 
-import copy
+import json
 import logging
-import re
+import os
+import pickle
+import random
+import shutil
+import zipfile
 
+import numpy as np
+import torch
 import torch.distributed as dist
-from deepspeed.utils import groups
-from transformers import PreTrainedTokenizerBase
 
-from ..models import AdaptiveDSForCausalLM
+from .. import distributed
 
 logger = logging.getLogger(__name__)
 
-_EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
 
 
-def _gather_experts(model: AdaptiveDSForCausalLM) -> dict:
-    """The full state dict on every rank: each rank holds `num_experts / ep_size` experts, numbered locally."""
-    config = model.config
-    num_local = config.num_local_experts // config.moe_ep_size
-    group = groups._get_expert_parallel_group(f"ep_size_{config.moe_ep_size}")
-    ep_rank = dist.get_rank(group)
-    local = {}
-    for name, tensor in model.state_dict().items():
-        match = _EXPERT.match(name)
-        if match:
-            global_index = ep_rank * num_local + int(match.group(2))
-            name = f"{match.group(1)}{global_index}{match.group(3)}"
-        local[name] = tensor.detach().cpu()
-    shards = [None] * dist.get_world_size(group)
-    dist.all_gather_object(shards, local, group=group)
-    return {k: v for shard in shards for k, v in shard.items()}
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed: one line, the files left as they were."""
 
 
-def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase, path: str, is_writer: bool) -> None:
-    """Save `model` and `tokenizer` for `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(path)`.
+def checkpoint_root(output_dir: str) -> str:
+    return os.path.join(output_dir, CHECKPOINTS)
 
-    Collective when experts are split over ranks (every rank must call it); only `is_writer` writes.
-    The saved config has `moe_ep_size` 1, so the folder loads in a single process.
-    """
-    if model.config.uses_moe and model.config.moe_ep_size > 1:
-        state = _gather_experts(model)
-        if not is_writer:
-            return
-        config = copy.deepcopy(model.config)
-        config.moe_ep_size = 1
-        full = AdaptiveDSForCausalLM(config)
-        full.load_state_dict(state, strict=True)
-        model = full.to(next(iter(state.values())).dtype)
-    if is_writer:
-        model.save_pretrained(path, safe_serialization=True)
-        tokenizer.save_pretrained(path)
-        logger.info("saved the final model and tokenizer to %s", path)
+
+def latest_tag(output_dir: str) -> str | None:
+    path = os.path.join(checkpoint_root(output_dir), LATEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip() or None
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int) -> str:
+    """Save a checkpoint at `step` (collective), then point `latest` at it and prune to `keep_last`."""
+    root = checkpoint_root(output_dir)
+    tag = f"step{step:08d}"
+    engine.save_checkpoint(root, tag=tag, client_state={"run": run_state}, save_latest=False)
+    rank = distributed.rank()
+    torch.save(_rng_state(), os.path.join(root, tag, f"rng_rank{rank}.pt"))
+    dist.barrier()  # every rank's files are on disk
+    if rank == 0:
+        _write_atomic(os.path.join(root, tag, "run.json"), json.dumps(run_state, indent=2))
+        _write_atomic(os.path.join(root, LATEST), tag)
+        _prune(root, tag, keep_last)
+        logger.info("saved checkpoint %s", os.path.join(root, tag))
+    dist.barrier()
+    return tag
+
+
+def _prune(root: str, latest: str, keep_last: int) -> None:
+    """Keep the newest `keep_last` complete checkpoints; remove older ones and partial ones (never `latest`)."""
+    tags = sorted(t for t in os.listdir(root) if t.startswith("step") and os.path.isdir(os.path.join(root, t)))
+    complete = [t for t in tags if t <= latest and os.path.isfile(os.path.join(root, t, "run.json"))]
+    keep = set(complete[-keep_last:]) | {latest}
+    for tag in tags:
+        if tag not in keep:
+            shutil.rmtree(os.path.join(root, tag), ignore_errors=True)
+
+
+def read_run_state(output_dir: str, tag: str) -> dict:
+    path = os.path.join(checkpoint_root(output_dir), tag, "run.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {os.path.dirname(path)!r} is incomplete or corrupt ({e}); "
+                              "remove it or point 'latest' at an earlier checkpoint") from None
+
+
+def check_compatible(saved: dict, current: dict, where: str) -> None:
+    """The checkpoint must come from the same model and batch layout as this run."""
+    differences = [f"{key} {saved.get(key)!r} (this run: {value!r})" for key, value in current.items()
+                   if saved.get(key) != value]
+    if differences:
+        raise CheckpointError(f"checkpoint {where!r} does not match this run: {'; '.join(differences)}; "
+                              "use a new --output_dir or the original settings")
+
+
+def load(engine, output_dir: str, tag: str) -> dict:
+    """Restore engine, optimizer, scheduler, loss scaler and this rank's RNG; returns the run state."""
+    root = checkpoint_root(output_dir)
+    where = os.path.join(root, tag)
+    try:
+        load_path, client = engine.load_checkpoint(root, tag=tag)
+        rng = torch.load(os.path.join(where, f"rng_rank{distributed.rank()}.pt"), weights_only=False)
+    except (RuntimeError, OSError, EOFError, KeyError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"checkpoint {where!r} cannot be loaded ({type(e).__name__}: {e}); "
+                              "the files are left as they were") from None
+    if load_path is None:
+        raise CheckpointError(f"checkpoint {where!r} cannot be loaded; the files are left as they were")
+    _set_rng_state(rng)
+    return client["run"]

@@ -1,6 +1,7 @@
 """The training run: build the model and data, train through the DeepSpeed engine, write the output contract.
 
-Outputs in OUTPUT_DIR: metrics.jsonl (one object per logged step), summary.json, final/ (save_pretrained).
+Outputs in OUTPUT_DIR: metrics.jsonl (one object per logged step), summary.json, final/ (save_pretrained),
+checkpoints/ (DeepSpeed checkpoints; a run started again with the same command continues from the latest).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import deepspeed
 import torch
@@ -18,29 +20,53 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed
-from ..data import build_training_data
-from ..models import AdaptiveDSForCausalLM
+from ..data import TrainingData, build_training_data
+from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts
+from . import checkpoint
 from .arguments import ConfigError, RunSettings, parse
-from .checkpoint import save_final
+from .final import save_final
 from .metrics import MetricsWriter, RoutingWindow, peak_memory
 from .optim import parameter_groups, scheduler_factory
 
 logger = logging.getLogger(__name__)
 
 
-def _prepare_output_dir(settings: RunSettings) -> str:
-    """A new or empty directory, agreed on by every rank. Never writes into an earlier run's outputs."""
+@dataclass
+class Run:
+    """What the loop needs, built once."""
+
+    engine: deepspeed.DeepSpeedEngine
+    config: AdaptiveDSConfig
+    settings: RunSettings
+    data: TrainingData
+    output_dir: str
+    micro: int
+    accum: int
+    identity: dict  # what a checkpoint must match to be resumed by this run
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro * self.accum * distributed.world_size() * self.data.seq_len
+
+
+def _prepare_output_dir(settings: RunSettings) -> tuple[str, str | None]:
+    """A new or empty directory, or one with a checkpoint to resume; agreed on by every rank."""
     path = settings.output_dir or f"runs/{settings.preset}-{settings.arch}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = distributed.broadcast_object(path)
-    if os.path.isdir(path) and os.listdir(path):
-        raise ConfigError(f"output_dir {path!r} already holds files; pass a new or empty --output_dir")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"output_dir {path!r} is a file; pass a new or empty --output_dir")
+    tag = checkpoint.latest_tag(path) if os.path.isdir(path) else None
+    if tag is None and os.path.isdir(path) and os.listdir(path):
+        raise ConfigError(f"output_dir {path!r} already holds files but no checkpoint; pass a new or empty "
+                          "--output_dir")
+    if tag is not None and settings.resume == "never":
+        raise ConfigError(f"output_dir {path!r} holds checkpoint {tag}; pass --resume auto to continue it or a new "
+                          "--output_dir")
     dist.barrier()  # every rank has checked before rank 0 creates it
     if distributed.rank() == 0:
         os.makedirs(path, exist_ok=True)
-    return path
+    return path, tag
 
 
 def _mean_over_ranks(value: float) -> float:
@@ -65,6 +91,13 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> float:
     return _mean_over_ranks(sum(losses) / len(losses))
 
 
+def _validation(run: Run, batches: list[dict]) -> dict:
+    losses = {"validation_loss": evaluate(run.engine, batches)}
+    if run.config.uses_mod:
+        losses["validation_loss_topk_routing"] = evaluate(run.engine, batches, "topk")
+    return losses
+
+
 def mod_capacity_at(step: int, target: float, warmup_steps: int) -> float:
     """Capacity schedule: linear from 1.0 at step 0 to `target` at `warmup_steps`, constant afterwards."""
     if step >= warmup_steps:
@@ -72,55 +105,87 @@ def mod_capacity_at(step: int, target: float, warmup_steps: int) -> float:
     return 1.0 + (target - 1.0) * step / warmup_steps
 
 
-def train(argv: list[str] | None = None) -> dict:
-    """Run training as the command line `argv` says; returns the summary (on every rank)."""
-    distributed.setup_logging()
+def _build(argv: list[str] | None) -> tuple[Run, str | None]:
     # Validate before joining the process group: bad input should cost nothing and touch nothing.
     settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
     distributed.init_distributed()
-    rank, world = distributed.rank(), distributed.world_size()
     seq_len = PRESETS[settings.preset].seq_len
     data = build_training_data(settings.data, seq_len, settings.seed)
     tok = data.tokenizer
     config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id, **settings.model)
-    output_dir = _prepare_output_dir(settings)
-    started = time.time()
+    output_dir, resume_tag = _prepare_output_dir(settings)
 
     torch.manual_seed(settings.seed)
     model = AdaptiveDSForCausalLM(config)
-    counts = parameter_counts(config)
     weight_decay = ds_config["optimizer"].get("params", {}).get("weight_decay", 0.0)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay), config=ds_config,
         lr_scheduler=scheduler_factory(settings.warmup_steps, settings.max_steps, settings.min_lr_ratio),
     )
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
+                "world_size": distributed.world_size(), "micro_batch": micro, "accumulation": accum,
+                "model": config.to_diff_dict()}
+    return Run(engine, config, settings, data, output_dir, micro, accum, identity), resume_tag
+
+
+def _resume(run: Run, tag: str) -> int:
+    """Load checkpoint `tag`; returns the step it was taken at. metrics.jsonl is cut back to that step."""
+    saved = checkpoint.read_run_state(run.output_dir, tag)
+    checkpoint.check_compatible(saved["identity"], run.identity, os.path.join(run.output_dir, "checkpoints", tag))
+    checkpoint.load(run.engine, run.output_dir, tag)
+    step = saved["step"]
+    if distributed.rank() == 0:
+        path = os.path.join(run.output_dir, "metrics.jsonl")
+        if os.path.exists(path):
+            with open(path) as f:
+                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            with open(path, "w") as f:
+                f.writelines(kept)
+    logger.info("resumed from %s at step %d", tag, step)
+    return step
+
+
+def _save(run: Run, step: int) -> None:
+    state = {"step": step, "micro_batches_per_rank": step * run.accum, "identity": run.identity}
+    checkpoint.save(run.engine, run.output_dir, step, state, run.settings.keep_last)
+
+
+def train(argv: list[str] | None = None) -> dict:
+    """Run training as the command line `argv` says; returns the summary (on every rank)."""
+    distributed.setup_logging()
+    run, resume_tag = _build(argv)
+    started = time.time()
+    start_step = _resume(run, resume_tag) if resume_tag else 0
+    counts = parameter_counts(run.config)
     logger.info("%s %s: %s parameters (%s active), %d process(es), micro-batch %d x accumulation %d, seq %d",
-                settings.preset, settings.arch, f"{counts.total:,}", f"{counts.active:,}", world, micro, accum,
-                seq_len)
-    stats = data.statistics
+                run.settings.preset, run.settings.arch, f"{counts.total:,}", f"{counts.active:,}",
+                distributed.world_size(), run.micro, run.accum, run.data.seq_len)
+    stats = run.data.statistics
     if stats:
         logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",
                     stats.entropy_floor, stats.unigram_entropy)
 
-    summary = _train_loop(engine, config, settings, data, output_dir, micro, accum)
-    validation = data.validation_batches(micro, settings.eval_batches)
-    val_loss = evaluate(engine, validation)
-    if config.uses_mod:
-        summary["validation_loss_topk_routing"] = evaluate(engine, validation, "topk")
-    save_final(engine.module, tok, os.path.join(output_dir, "final"), is_writer=rank == 0)
+    validation = run.data.validation_batches(run.micro, run.settings.eval_batches)
+    summary = _train_loop(run, start_step, validation)
+    summary.update(_validation(run, validation))
+    if start_step < run.settings.max_steps:
+        _save(run, run.settings.max_steps)
+    save_final(run.engine.module, run.data.tokenizer, os.path.join(run.output_dir, "final"),
+               is_writer=distributed.rank() == 0)
+    val_loss = summary["validation_loss"]
     summary.update(
-        preset=settings.preset, arch=settings.arch, world_size=world, seq_len=seq_len,
-        validation_loss=val_loss, final_perplexity=math.exp(val_loss),
+        preset=run.settings.preset, arch=run.settings.arch, world_size=distributed.world_size(),
+        seq_len=run.data.seq_len, final_perplexity=math.exp(val_loss), resumed_from_step=start_step,
         total_parameters=counts.total, active_parameters=counts.active,
         wall_time_s=time.time() - started, peak_memory=peak_memory(),
     )
     if stats:
         summary.update(entropy_floor=stats.entropy_floor, unigram_entropy=stats.unigram_entropy,
                        captured=stats.captured(val_loss))
-    if rank == 0:
-        with open(os.path.join(output_dir, "summary.json"), "w") as f:
+    if distributed.rank() == 0:
+        with open(os.path.join(run.output_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         logger.info("summary: %s", _describe(summary))
     return summary
@@ -135,21 +200,23 @@ def _describe(summary: dict) -> str:
     return text
 
 
-def _train_loop(engine, config, settings: RunSettings, data, output_dir: str, micro: int, accum: int) -> dict:
+def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
+    engine, config, settings = run.engine, run.config, run.settings
     rank, world = distributed.rank(), distributed.world_size()
-    batches = data.train_batches(micro, rank, world)
+    batches = run.data.train_batches(run.micro, rank, world)
+    for _ in range(start_step * run.accum):  # the data position: what the checkpointed steps consumed
+        next(batches)
     window = RoutingWindow(config)
-    writer = MetricsWriter(os.path.join(output_dir, "metrics.jsonl") if rank == 0 else None)
-    stats = data.statistics
-    tokens_per_step = micro * accum * world * data.seq_len
-    bar = tqdm(total=settings.max_steps, disable=rank != 0, dynamic_ncols=True, desc="train")
+    writer = MetricsWriter(os.path.join(run.output_dir, "metrics.jsonl") if rank == 0 else None)
+    stats = run.data.statistics
+    bar = tqdm(total=settings.max_steps, initial=start_step, disable=rank != 0, dynamic_ncols=True, desc="train")
     window_losses, window_start, train_loss = [], time.time(), float("nan")
     with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
-        for step in range(1, settings.max_steps + 1):
+        for step in range(start_step + 1, settings.max_steps + 1):
             if config.uses_mod:
                 capacity = mod_capacity_at(step - 1, config.mod_capacity, settings.mod_capacity_warmup_steps)
                 engine.module.model.set_mod_capacity(capacity)
-            for _ in range(accum):
+            for _ in range(run.accum):
                 batch = {k: v.to(engine.device) for k, v in next(batches).items()}
                 out = engine(**batch)
                 engine.backward(out.loss)
@@ -157,27 +224,31 @@ def _train_loop(engine, config, settings: RunSettings, data, output_dir: str, mi
                 window_losses.append(out.lm_loss.item())
                 window.add(out)
             bar.update(1)
-            if step % settings.log_steps and step != settings.max_steps:
-                continue
-            elapsed = time.time() - window_start
-            train_loss = _mean_over_ranks(sum(window_losses) / len(window_losses))
-            steps_in_window = len(window_losses) // accum
-            record = {
-                "step": step, "loss": train_loss, "lr": engine.get_lr()[0],
-                "tokens_per_s": steps_in_window * tokens_per_step / elapsed,
-                "tokens_seen": step * tokens_per_step, **window.summary(),
-            }
-            if config.uses_mod:
-                record["mod"]["capacity"] = capacity
-            if stats:
-                record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(train_loss))
-            writer.write(record)
-            bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
-            logger.info("step %d/%d loss %.4f%s lr %.2e %.0f tokens/s", step, settings.max_steps, train_loss, floor,
-                        record["lr"], record["tokens_per_s"])
-            window.reset()
-            window_losses, window_start = [], time.time()
+            if step % settings.log_steps == 0 or step == settings.max_steps:
+                elapsed = time.time() - window_start
+                train_loss = _mean_over_ranks(sum(window_losses) / len(window_losses))
+                record = {
+                    "step": step, "loss": train_loss, "lr": engine.get_lr()[0],
+                    "tokens_per_s": len(window_losses) // run.accum * run.tokens_per_step / elapsed,
+                    "tokens_seen": step * run.tokens_per_step, **window.summary(),
+                }
+                if config.uses_mod:
+                    record["mod"]["capacity"] = capacity
+                if settings.eval_steps and step % settings.eval_steps == 0:
+                    record.update(_validation(run, validation))
+                if stats:
+                    record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(train_loss))
+                writer.write(record)
+                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
+                val = f" validation {record['validation_loss']:.4f}" if "validation_loss" in record else ""
+                logger.info("step %d/%d loss %.4f%s%s lr %.2e %.0f tokens/s", step, settings.max_steps, train_loss,
+                            floor, val, record["lr"], record["tokens_per_s"])
+                window.reset()
+                window_losses, window_start = [], time.time()
+            if settings.save_steps and step % settings.save_steps == 0 and step < settings.max_steps:
+                _save(run, step)
     bar.close()
     writer.close()
-    return {"train_loss": train_loss, "tokens_seen": settings.max_steps * tokens_per_step, "steps": settings.max_steps}
+    return {"train_loss": train_loss, "tokens_seen": settings.max_steps * run.tokens_per_step,
+            "steps": settings.max_steps}

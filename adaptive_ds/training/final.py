@@ -1,0 +1,56 @@
+"""Writing the final model: a `save_pretrained` folder with every expert, whatever the expert parallelism."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+
+import torch.distributed as dist
+from deepspeed.utils import groups
+from transformers import PreTrainedTokenizerBase
+
+from ..models import AdaptiveDSForCausalLM
+
+logger = logging.getLogger(__name__)
+
+_EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
+
+
+def _gather_experts(model: AdaptiveDSForCausalLM) -> dict:
+    """The full state dict on every rank: each rank holds `num_experts / ep_size` experts, numbered locally."""
+    config = model.config
+    num_local = config.num_local_experts // config.moe_ep_size
+    group = groups._get_expert_parallel_group(f"ep_size_{config.moe_ep_size}")
+    ep_rank = dist.get_rank(group)
+    local = {}
+    for name, tensor in model.state_dict().items():
+        match = _EXPERT.match(name)
+        if match:
+            global_index = ep_rank * num_local + int(match.group(2))
+            name = f"{match.group(1)}{global_index}{match.group(3)}"
+        local[name] = tensor.detach().cpu()
+    shards = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shards, local, group=group)
+    return {k: v for shard in shards for k, v in shard.items()}
+
+
+def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase, path: str, is_writer: bool) -> None:
+    """Save `model` and `tokenizer` for `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(path)`.
+
+    Collective when experts are split over ranks (every rank must call it); only `is_writer` writes.
+    The saved config has `moe_ep_size` 1, so the folder loads in a single process.
+    """
+    if model.config.uses_moe and model.config.moe_ep_size > 1:
+        state = _gather_experts(model)
+        if not is_writer:
+            return
+        config = copy.deepcopy(model.config)
+        config.moe_ep_size = 1
+        full = AdaptiveDSForCausalLM(config)
+        full.load_state_dict(state, strict=True)
+        model = full.to(next(iter(state.values())).dtype)
+    if is_writer:
+        model.save_pretrained(path, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+        logger.info("saved the final model and tokenizer to %s", path)
