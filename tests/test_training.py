@@ -133,6 +133,14 @@ def test_two_process_expert_parallel_run_with_the_deepspeed_launcher(tmp_path):
         "m.generate(ids, max_new_tokens=3, do_sample=False).shape[1])")])
     assert check.returncode == 0, check.stderr[-2000:]
     assert check.stdout.split()[-3:] == ["1", "8", "7"]
+    # the DeepSpeed checkpoint (one expert file per expert, from both ranks) exports to the same model
+    export = run_command(["python", "-m", "adaptive_ds.export", str(out), str(tmp_path / "exported")])
+    assert export.returncode == 0, export.stderr[-2000:]
+    ids = torch.randint(5, 100, (1, 12))
+    with torch.no_grad():
+        a = AutoModelForCausalLM.from_pretrained(out / "final").eval()(input_ids=ids).logits
+        b = AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()(input_ids=ids).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.slow

@@ -33,6 +33,19 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed: one line, the files left as they were."""
 
 
+def resolve_tag_dir(path: str) -> str:
+    """A checkpoint directory from a tag directory, a checkpoints/ directory or a run's OUTPUT_DIR."""
+    if os.path.isfile(os.path.join(path, "run.json")):
+        return path
+    for root in (os.path.join(path, CHECKPOINTS), path):
+        latest = os.path.join(root, LATEST)
+        if os.path.isfile(latest):
+            with open(latest) as f:
+                return os.path.join(root, f.read().strip())
+    raise CheckpointError(f"{path!r} is not a checkpoint: expected OUTPUT_DIR, OUTPUT_DIR/checkpoints or "
+                          "OUTPUT_DIR/checkpoints/<tag> (with a run.json)")
+
+
 def checkpoint_root(output_dir: str) -> str:
     return os.path.join(output_dir, CHECKPOINTS)
 
@@ -67,8 +80,11 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int) -> str:
-    """Save a checkpoint at `step` (collective), then point `latest` at it and prune to `keep_last`."""
+def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, tokenizer) -> str:
+    """Save a checkpoint at `step` (collective), then point `latest` at it and prune to `keep_last`.
+
+    The tokenizer is saved beside DeepSpeed's files, so `python -m adaptive_ds.export` needs nothing else.
+    """
     root = checkpoint_root(output_dir)
     tag = f"step{step:08d}"
     engine.save_checkpoint(root, tag=tag, client_state={"run": run_state}, save_latest=False)
@@ -76,6 +92,7 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int) ->
     torch.save(_rng_state(), os.path.join(root, tag, f"rng_rank{rank}.pt"))
     dist.barrier()  # every rank's files are on disk
     if rank == 0:
+        tokenizer.save_pretrained(os.path.join(root, tag, "tokenizer"))
         _write_atomic(os.path.join(root, tag, "run.json"), json.dumps(run_state, indent=2))
         _write_atomic(os.path.join(root, LATEST), tag)
         _prune(root, tag, keep_last)

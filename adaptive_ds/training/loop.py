@@ -126,7 +126,7 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
                 "world_size": distributed.world_size(), "micro_batch": micro, "accumulation": accum,
-                "model": config.to_diff_dict()}
+                "model": config.to_dict()}
     return Run(engine, config, settings, data, output_dir, micro, accum, identity), resume_tag
 
 
@@ -149,7 +149,7 @@ def _resume(run: Run, tag: str) -> int:
 
 def _save(run: Run, step: int) -> None:
     state = {"step": step, "micro_batches_per_rank": step * run.accum, "identity": run.identity}
-    checkpoint.save(run.engine, run.output_dir, step, state, run.settings.keep_last)
+    checkpoint.save(run.engine, run.output_dir, step, state, run.settings.keep_last, run.data.tokenizer)
 
 
 def train(argv: list[str] | None = None) -> dict:

@@ -1,0 +1,164 @@
+"""Export a training checkpoint as a Hugging Face folder, or convert a model to stock transformers classes.
+
+    python -m adaptive_ds.export CHECKPOINT OUT_DIR                 # adaptive_ds model (safetensors)
+    python -m adaptive_ds.export --to llama SRC OUT_DIR             # dense -> LlamaForCausalLM
+    python -m adaptive_ds.export --to mixtral SRC OUT_DIR           # dropless top-2 MoE -> MixtralForCausalLM
+
+CHECKPOINT is a run's OUTPUT_DIR (its latest checkpoint), OUTPUT_DIR/checkpoints, or one checkpoint tag
+directory. DeepSpeed's files are consolidated: the module states (full under ZeRO-1/2) and the one file per
+expert that DeepSpeed's MoE checkpoint layout writes from every expert-parallel rank. Weights are exported in
+the precision the module trained in. SRC for a conversion is a checkpoint or a `save_pretrained` folder.
+
+The adaptive_ds folder also carries the model's source files and an `auto_map`, so users without this package
+load it with `trust_remote_code=True` (they still need deepspeed for MoE models: the experts are its layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import logging
+import os
+import shutil
+import sys
+
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+
+from .models import AdaptiveDSConfig, AdaptiveDSForCausalLM
+from .training.checkpoint import CheckpointError, resolve_tag_dir
+
+logger = logging.getLogger(__name__)
+
+MODEL_SOURCES = ("configuration.py", "modeling.py", "moe.py", "mod.py")
+
+
+def load_checkpoint(path: str) -> tuple[AdaptiveDSForCausalLM, object]:
+    """The model (all experts, ep_size 1) and tokenizer of a DeepSpeed checkpoint written by the trainer."""
+    tag_dir = resolve_tag_dir(path)
+    try:
+        with open(os.path.join(tag_dir, "run.json")) as f:
+            run = json.load(f)
+        module = torch.load(os.path.join(tag_dir, "mp_rank_00_model_states.pt"), map_location="cpu",
+                            weights_only=False)["module"]
+        for expert_file in sorted(glob.glob(os.path.join(tag_dir, "layer_*_expert_*_mp_rank_00_model_states.pt"))):
+            module.update(torch.load(expert_file, map_location="cpu", weights_only=False))
+    except (OSError, RuntimeError, EOFError, KeyError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {tag_dir!r} cannot be read ({type(e).__name__}: {e})") from None
+    config_dict = dict(run["identity"]["model"])
+    config_dict.pop("model_type", None)
+    config = AdaptiveDSConfig.from_dict({**config_dict, "moe_ep_size": 1})
+    model = AdaptiveDSForCausalLM(config)
+    model.load_state_dict(module, strict=True)
+    return model.to(next(iter(module.values())).dtype), AutoTokenizer.from_pretrained(
+        os.path.join(tag_dir, "tokenizer"))
+
+
+def load_any(path: str):
+    """A checkpoint (see `load_checkpoint`) or a save_pretrained folder of an adaptive_ds model."""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return AdaptiveDSForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return load_checkpoint(path)
+
+
+def save_adaptive_ds(model: AdaptiveDSForCausalLM, tokenizer, out_dir: str) -> None:
+    """save_pretrained (safetensors) + tokenizer + the model source for trust_remote_code."""
+    model.config.auto_map = {"AutoConfig": "configuration.AdaptiveDSConfig",
+                             "AutoModel": "modeling.AdaptiveDSModel",
+                             "AutoModelForCausalLM": "modeling.AdaptiveDSForCausalLM"}
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    source = os.path.join(os.path.dirname(__file__), "models")
+    for name in MODEL_SOURCES:
+        shutil.copy(os.path.join(source, name), os.path.join(out_dir, name))
+
+
+def _common_llama_fields(config: AdaptiveDSConfig) -> dict:
+    return dict(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
+                num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+                max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.rms_norm_eps,
+                rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+                tie_word_embeddings=config.tie_word_embeddings, bos_token_id=config.bos_token_id,
+                eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
+
+
+def to_llama(model: AdaptiveDSForCausalLM) -> LlamaForCausalLM:
+    """A stock LlamaForCausalLM with the same logits: our dense blocks are Llama's, parameter for parameter."""
+    if model.config.arch != "dense":
+        raise ValueError(f"--to llama needs a dense model; this one is {model.config.arch!r} "
+                         "(MoD routing and MoE layers have no Llama equivalent)")
+    llama = LlamaForCausalLM(LlamaConfig(**_common_llama_fields(model.config)))
+    llama.load_state_dict(model.state_dict(), strict=True)
+    return llama.to(model.dtype)
+
+
+def mixtral_incompatibility(config: AdaptiveDSConfig) -> str | None:
+    """Why a model's routing cannot be expressed as Mixtral's, or None if it can.
+
+    Mixtral routes every token to its top-2 experts with softmax weights renormalised over the two, and never
+    drops a token. That is our routing exactly when the model is dropless top-2 MoE in every layer without
+    DeepSpeed's residual MLP. With a capacity limit (our default) a token can lose an expert; Mixtral has no
+    equivalent, so the logits would differ wherever that happens.
+    """
+    reasons = []
+    if config.arch != "moe":
+        reasons.append(f"arch is {config.arch!r}, not 'moe'")
+    if config.num_experts_per_tok != 2:
+        reasons.append("top-1 weights are raw gate probabilities, Mixtral renormalises over the top-k")
+    if config.moe_drop_tokens:
+        reasons.append("the model is capacity-limited (moe_drop_tokens), Mixtral never drops tokens")
+    if config.moe_layer_interval != 1:
+        reasons.append("MoE is not in every layer")
+    if config.moe_use_residual:
+        reasons.append("the residual (PR-MoE) MLP has no Mixtral equivalent")
+    return "; ".join(reasons) or None
+
+
+def to_mixtral(model: AdaptiveDSForCausalLM) -> MixtralForCausalLM:
+    reason = mixtral_incompatibility(model.config)
+    if reason:
+        raise ValueError(f"--to mixtral: routing semantics differ: {reason}")
+    config = model.config
+    mixtral = MixtralForCausalLM(MixtralConfig(**_common_llama_fields(config),
+                                               num_local_experts=config.num_local_experts, num_experts_per_tok=2))
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if ".mlp.moe." not in name:
+            state[name] = tensor
+    for i, layer in enumerate(model.model.layers):
+        moe = layer.mlp.moe.deepspeed_moe
+        experts = moe.experts.deepspeed_experts
+        state[f"model.layers.{i}.mlp.gate.weight"] = moe.gate.wg.weight
+        state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts])
+        state[f"model.layers.{i}.mlp.experts.down_proj"] = torch.stack([e.down_proj.weight for e in experts])
+    mixtral.load_state_dict(state, strict=True)
+    return mixtral.to(model.dtype)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Export a checkpoint, or convert to stock transformers classes.")
+    p.add_argument("src", help="OUTPUT_DIR, a checkpoint directory, or a save_pretrained folder")
+    p.add_argument("dst", help="new or empty output folder")
+    p.add_argument("--to", choices=["adaptive_ds", "llama", "mixtral"], default="adaptive_ds")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if os.path.isdir(args.dst) and os.listdir(args.dst):
+        sys.exit(f"error: {args.dst!r} already holds files; pass a new or empty output folder")
+    try:
+        model, tokenizer = load_any(args.src)
+        if args.to == "adaptive_ds":
+            save_adaptive_ds(model, tokenizer, args.dst)
+        else:
+            converted = to_llama(model) if args.to == "llama" else to_mixtral(model)
+            converted.save_pretrained(args.dst, safe_serialization=True)
+            tokenizer.save_pretrained(args.dst)
+    except (CheckpointError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    logger.info("wrote %s (%s)", args.dst, args.to)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Export from DeepSpeed checkpoints, conversion to stock Llama / Mixtral, remote-code loading, generation."""
+
+import json
+
+import pytest
+import torch
+from conftest import run_command, tiny_config
+from transformers import AutoModelForCausalLM
+
+from adaptive_ds.export import load_checkpoint, main, mixtral_incompatibility, to_llama, to_mixtral
+from adaptive_ds.generate import main as generate_main
+from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.training import train
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("moe_run")
+    config = {
+        "adaptive_ds": {"preset": "debug", "arch": "moe", "max_steps": 3, "warmup_steps": 1, "log_steps": 3,
+                        "eval_batches": 1},
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}},
+        "zero_optimization": {"stage": 2}, "steps_per_print": 10**6,
+    }
+    (tmp / "ds.json").write_text(json.dumps(config))
+    train(["--ds_config", str(tmp / "ds.json"), "--output_dir", str(tmp / "run")])
+    return tmp / "run"
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model.eval()(input_ids=ids).logits
+
+
+def test_export_from_a_checkpoint_equals_the_final_model(moe_run, tmp_path):
+    out = tmp_path / "exported"
+    main([str(moe_run), str(out)])
+    assert (out / "model.safetensors").exists()
+    assert not list(out.glob("*.bin")) and not list(out.glob("*.pt"))
+    ids = torch.randint(5, 100, (2, 20))
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    final = AutoModelForCausalLM.from_pretrained(moe_run / "final")
+    torch.testing.assert_close(_logits(exported, ids), _logits(final, ids), rtol=0, atol=0)
+    model, tokenizer = load_checkpoint(str(moe_run / "checkpoints"))
+    assert tokenizer.eos_token == "<eos>" and model.config.moe_ep_size == 1
+
+
+def test_export_refuses_a_used_folder_and_a_non_checkpoint(moe_run, tmp_path):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("x")
+    with pytest.raises(SystemExit, match="already holds files"):
+        main([str(moe_run), str(used)])
+    with pytest.raises(SystemExit, match="is not a checkpoint"):
+        main([str(tmp_path), str(tmp_path / "new")])
+    assert (used / "keep.txt").read_text() == "x"
+
+
+def test_llama_conversion_gives_the_same_logits():
+    model = AdaptiveDSForCausalLM(tiny_config("dense"))
+    llama = to_llama(model)
+    assert type(llama).__name__ == "LlamaForCausalLM"
+    ids = torch.randint(2, 64, (2, 16))
+    torch.testing.assert_close(_logits(llama, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="needs a dense model"):
+        to_llama(AdaptiveDSForCausalLM(tiny_config("mod")))
+
+
+def test_mixtral_conversion_gives_the_same_logits_for_dropless_top2():
+    model = AdaptiveDSForCausalLM(tiny_config("moe", moe_drop_tokens=False))
+    for layer in model.model.layers:  # a router that does something
+        torch.nn.init.normal_(layer.mlp.moe.deepspeed_moe.gate.wg.weight, std=0.5)
+    mixtral = to_mixtral(model)
+    ids = torch.randint(2, 64, (2, 16))
+    torch.testing.assert_close(_logits(mixtral, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_mixtral_conversion_says_why_it_refuses():
+    assert "never drops tokens" in mixtral_incompatibility(tiny_config("moe", moe_drop_tokens=True))
+    assert "renormalises" in mixtral_incompatibility(tiny_config("moe", num_experts_per_tok=1))
+    with pytest.raises(ValueError, match="routing semantics differ"):
+        to_mixtral(AdaptiveDSForCausalLM(tiny_config("hybrid")))
+
+
+@pytest.mark.slow
+def test_exported_folder_loads_with_remote_code_without_the_package(moe_run, tmp_path):
+    out = tmp_path / "exported"
+    main([str(moe_run), str(out)])
+    script = (
+        "import sys; sys.modules['adaptive_ds'] = None\n"  # the package cannot be imported
+        "import torch; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)\n"
+        f"t = AutoTokenizer.from_pretrained({str(out)!r})\n"
+        "ids = t('[count] 1 2 3', return_tensors='pt').input_ids\n"
+        "print(type(m).__module__, m.generate(ids, max_new_tokens=3, do_sample=False).shape[1])\n"
+    )
+    result = run_command(["python", "-c", script])
+    assert result.returncode == 0, result.stderr[-3000:]
+    module, length = result.stdout.split()[-2:]
+    assert not module.startswith("adaptive_ds") and length == "7"
+
+
+def test_generate_cli_samples_from_a_checkpoint(moe_run, capsys):
+    generate_main([str(moe_run / "final"), "[count] 3 4", "--max_new_tokens", "4", "--temperature", "0.8",
+                   "--top_k", "5", "--top_p", "0.9"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("[count] 3 4") and 3 < len(line.split()) <= 7  # generation may stop at <eos>
