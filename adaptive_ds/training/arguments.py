@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from ..data import EMBEDDED
+from ..data.text import local_files, looks_like_path
 from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
 from ..presets import PRESETS
 
@@ -25,7 +26,13 @@ class RunSettings:
 
     preset: str = "debug"
     arch: str = "dense"
-    data: str = EMBEDDED
+    data: str = EMBEDDED  # "embedded", local files (.jsonl, .json.gz, .parquet, .txt; a glob or folder) or a Hub name
+    data_config: str | None = None  # Hub dataset config, e.g. "en" for allenai/c4
+    text_field: str = "text"
+    tokenizer: str = "bpe:8192"  # text data: "bpe:N" trains a byte-level BPE offline, else a name or path
+    validation_share: float = 0.01  # text data: share of documents held out
+    tokens: str | None = None  # token budget: a number or "chinchilla" (20 x total parameters); sets max_steps
+    epochs: int = 1  # with a budget: passes over a subset of budget / epochs tokens
     max_steps: int = 100
     output_dir: str | None = None  # default: runs/<preset>-<arch>-<time>
     seed: int = 1234
@@ -50,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ds_config", required=True, help="DeepSpeed JSON config with an optional 'adaptive_ds' block")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)}")
     p.add_argument("--arch", help=f"one of {', '.join(ARCHITECTURES)}")
-    p.add_argument("--data", help=f"'{EMBEDDED}' (the built-in corpus)")
+    p.add_argument("--data", help=f"'{EMBEDDED}' (the built-in corpus), local files or a Hub dataset name")
+    p.add_argument("--data_config", help="Hub dataset config (e.g. en for allenai/c4)")
+    p.add_argument("--tokenizer", help="bpe:N (trained on the data, offline) or a tokenizer name or path")
+    p.add_argument("--tokens", help="token budget: a number or 'chinchilla' (20 x total parameters)")
+    p.add_argument("--epochs", type=int, help="passes over a budget / epochs subset")
     p.add_argument("--max_steps", type=int, help="optimizer steps")
     p.add_argument("--output_dir", help="new or empty directory for metrics, summary and the final model")
     p.add_argument("--seed", type=int)
@@ -94,8 +105,13 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
         problems.append(f"unknown preset {settings.preset!r}; valid choices: {', '.join(PRESETS)}")
     if settings.arch not in ARCHITECTURES:
         problems.append(f"unknown arch {settings.arch!r}; valid choices: {', '.join(ARCHITECTURES)}")
-    if settings.data != EMBEDDED and not os.path.exists(settings.data):
-        problems.append(f"data path {settings.data!r} does not exist; valid choices: '{EMBEDDED}' or an existing path")
+    if settings.data != EMBEDDED and looks_like_path(settings.data) and not local_files(settings.data):
+        problems.append(f"data path {settings.data!r} does not exist; valid choices: '{EMBEDDED}', existing local "
+                        "files or a Hub dataset name")
+    if settings.tokens is not None and settings.tokens != "chinchilla" and not str(settings.tokens).isdigit():
+        problems.append(f"tokens {settings.tokens!r} is not a whole number or 'chinchilla'")
+    if settings.epochs < 1:
+        problems.append(f"epochs must be >= 1, got {settings.epochs}")
     for name in ("max_steps", "log_steps", "eval_batches", "keep_last"):
         if getattr(settings, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(settings, name)}")
@@ -141,7 +157,7 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     ds_config = copy.deepcopy(raw)
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
     for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
-                 "resume"):
+                 "resume", "data_config", "tokenizer", "tokens", "epochs"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

@@ -123,8 +123,14 @@ def read_run_state(output_dir: str, tag: str) -> dict:
 
 def check_compatible(saved: dict, current: dict, where: str) -> None:
     """The checkpoint must come from the same model and batch layout as this run."""
-    differences = [f"{key} {saved.get(key)!r} (this run: {value!r})" for key, value in current.items()
-                   if saved.get(key) != value]
+    differences = []
+    for key, value in current.items():
+        old = saved.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            differences += [f"{key}.{k} {old.get(k)!r} (this run: {v!r})" for k, v in value.items()
+                            if old.get(k) != v and k != "transformers_version"]
+        elif old != value:
+            differences.append(f"{key} {old!r} (this run: {value!r})")
     if differences:
         raise CheckpointError(f"checkpoint {where!r} does not match this run: {'; '.join(differences)}; "
                               "use a new --output_dir or the original settings")

@@ -105,15 +105,36 @@ def mod_capacity_at(step: int, target: float, warmup_steps: int) -> float:
     return 1.0 + (target - 1.0) * step / warmup_steps
 
 
+def _token_budget(settings: RunSettings) -> int | None:
+    """A numeric --tokens budget (chinchilla needs the model and is resolved after it is configured)."""
+    if settings.tokens is None or settings.tokens == "chinchilla":
+        return None
+    return int(settings.tokens)
+
+
 def _build(argv: list[str] | None) -> tuple[Run, str | None]:
     # Validate before joining the process group: bad input should cost nothing and touch nothing.
     settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
     distributed.init_distributed()
     seq_len = PRESETS[settings.preset].seq_len
-    data = build_training_data(settings.data, seq_len, settings.seed)
+    world = distributed.world_size()
+    tokens_per_step = (ds_config["train_micro_batch_size_per_gpu"] * ds_config.get("gradient_accumulation_steps", 1)
+                       * world * seq_len)
+    budget = _token_budget(settings)
+    epoch_blocks = None
+    if budget is not None:
+        settings.max_steps = max(1, -(-budget // tokens_per_step))
+        epoch_blocks = -(-budget // (settings.epochs * world * seq_len)) if settings.epochs > 1 else None
+    data = build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
+                               text_field=settings.text_field, hub_config=settings.data_config,
+                               validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
     tok = data.tokenizer
     config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id, **settings.model)
+    if settings.tokens == "chinchilla":  # 20 tokens per parameter (Hoffmann et al. 2022)
+        settings.max_steps = max(1, -(-20 * parameter_counts(config).total // tokens_per_step))
+        if settings.epochs > 1:
+            data.epoch_blocks = -(-20 * parameter_counts(config).total // (settings.epochs * world * seq_len))
     output_dir, resume_tag = _prepare_output_dir(settings)
 
     torch.manual_seed(settings.seed)
@@ -125,8 +146,10 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
     )
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
+                "tokenizer": settings.tokenizer if settings.data != "embedded" else "embedded",
                 "world_size": distributed.world_size(), "micro_batch": micro, "accumulation": accum,
                 "model": config.to_dict()}
+    identity = json.loads(json.dumps(identity))  # as it reads back from run.json
     return Run(engine, config, settings, data, output_dir, micro, accum, identity), resume_tag
 
 
