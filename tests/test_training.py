@@ -73,6 +73,23 @@ def test_the_embedded_corpus_is_learned_well_below_the_unigram_entropy(tmp_path)
     assert summary["captured"] > 0.6
 
 
+def test_tensorboard_events_and_the_loss_plot(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    train(["--ds_config", _tiny_ds_config(tmp_path, eval_steps=2), "--arch", "hybrid", "--output_dir", str(out),
+           "--report_to", "tensorboard"])
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"loss", "lr", "tokens_per_s", "validation_loss", "moe/load_balance", "mod/skip_rate"} <= set(tags)
+    logged = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx(logged)
+    assert [e.step for e in events.Scalars("validation_loss")] == [2, 4]
+    png = (out / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
 def test_weight_decay_skips_norms_and_experts_get_moe_groups():
     from conftest import tiny_config
 

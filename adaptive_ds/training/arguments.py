@@ -45,6 +45,7 @@ class RunSettings:
     save_steps: int = 0  # DeepSpeed checkpoint every N steps (0: only at the end)
     keep_last: int = 2  # checkpoints kept
     resume: str = "auto"  # "auto": continue from OUTPUT_DIR's latest checkpoint if there is one; "never"
+    report_to: str = "none"  # also mirror metrics to "tensorboard" or "wandb" (metrics.jsonl is always written)
     model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
 
 
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save_steps", type=int, help="checkpoint every N steps")
     p.add_argument("--keep_last", type=int, help="checkpoints to keep")
     p.add_argument("--resume", choices=["auto", "never"], help="continue from OUTPUT_DIR's latest checkpoint")
+    p.add_argument("--report_to", choices=["none", "tensorboard", "wandb"], help="mirror metrics there too")
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
     return p
 
@@ -110,6 +112,8 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
                         "files or a Hub dataset name")
     if settings.tokens is not None and settings.tokens != "chinchilla" and not str(settings.tokens).isdigit():
         problems.append(f"tokens {settings.tokens!r} is not a whole number or 'chinchilla'")
+    if settings.report_to not in ("none", "tensorboard", "wandb"):
+        problems.append(f"report_to {settings.report_to!r} is not one of none, tensorboard, wandb")
     if settings.epochs < 1:
         problems.append(f"epochs must be >= 1, got {settings.epochs}")
     for name in ("max_steps", "log_steps", "eval_batches", "keep_last"):
@@ -157,7 +161,7 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     ds_config = copy.deepcopy(raw)
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
     for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
-                 "resume", "data_config", "tokenizer", "tokens", "epochs"):
+                 "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

@@ -26,7 +26,7 @@ from ..presets import PRESETS, model_config, parameter_counts
 from . import checkpoint
 from .arguments import ConfigError, RunSettings, parse
 from .final import save_final
-from .metrics import MetricsWriter, RoutingWindow, peak_memory
+from .metrics import MetricsWriter, RoutingWindow, peak_memory, plot_losses
 from .optim import parameter_groups, scheduler_factory
 
 logger = logging.getLogger(__name__)
@@ -210,6 +210,8 @@ def train(argv: list[str] | None = None) -> dict:
     if distributed.rank() == 0:
         with open(os.path.join(run.output_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
+        plot_losses(os.path.join(run.output_dir, "metrics.jsonl"), os.path.join(run.output_dir, "loss.png"),
+                    stats.entropy_floor if stats else None, (run.settings.max_steps, val_loss))
         logger.info("summary: %s", _describe(summary))
     return summary
 
@@ -230,7 +232,8 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
     for _ in range(start_step * run.accum):  # the data position: what the checkpointed steps consumed
         next(batches)
     window = RoutingWindow(config)
-    writer = MetricsWriter(os.path.join(run.output_dir, "metrics.jsonl") if rank == 0 else None)
+    writer = MetricsWriter(run.output_dir if rank == 0 else None, settings.report_to,
+                           os.path.basename(run.output_dir), run.identity)
     stats = run.data.statistics
     bar = tqdm(total=settings.max_steps, initial=start_step, disable=rank != 0, dynamic_ncols=True, desc="train")
     window_losses, window_start, train_loss = [], time.time(), float("nan")

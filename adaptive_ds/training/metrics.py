@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import resource
 import sys
 
@@ -110,17 +111,84 @@ def peak_memory() -> dict:
     return {"device": "cpu", "peak_rss_bytes": maxrss if sys.platform == "darwin" else maxrss * 1024}
 
 
-class MetricsWriter:
-    """Appends one JSON object per logged step to OUTPUT_DIR/metrics.jsonl (rank 0 only)."""
+REPORTERS = ("none", "tensorboard", "wandb")
 
-    def __init__(self, path: str | None):
-        self._file = open(path, "a") if path else None
+
+def _flatten(record: dict, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a (nested) record, with names like moe/load_balance."""
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+            flat[f"{prefix}{key}"] = float(value)
+    return flat
+
+
+class MetricsWriter:
+    """Appends one JSON object per logged step to OUTPUT_DIR/metrics.jsonl, and mirrors the numeric values to
+    TensorBoard (OUTPUT_DIR/tensorboard) or Weights & Biases when asked. Rank 0 only: other ranks pass None."""
+
+    def __init__(self, output_dir: str | None, report_to: str = "none", run_name: str = "", config: dict | None = None):
+        self._file = self._tensorboard = self._wandb = None
+        if output_dir is None:
+            return
+        self._file = open(os.path.join(output_dir, "metrics.jsonl"), "a")
+        if report_to == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (the logging extra)
+
+            self._tensorboard = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+        elif report_to == "wandb":
+            try:
+                import wandb
+            except ImportError:
+                raise ValueError("--report_to wandb needs the wandb package: pip install wandb") from None
+            self._wandb = wandb.init(name=run_name, config=config, dir=output_dir)
 
     def write(self, record: dict) -> None:
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        values = _flatten(record)
+        if self._tensorboard:
+            for name, value in values.items():
+                self._tensorboard.add_scalar(name, value, record["step"])
+            self._tensorboard.flush()
+        if self._wandb:
+            self._wandb.log(values, step=record["step"])
 
     def close(self) -> None:
         if self._file:
             self._file.close()
+        if self._tensorboard:
+            self._tensorboard.close()
+        if self._wandb:
+            self._wandb.finish()
+
+
+def plot_losses(metrics_path: str, png_path: str, entropy_floor: float | None = None,
+                final_validation: tuple[int, float] | None = None) -> None:
+    """Train and validation loss against step, with the corpus's entropy floor where it is known."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(metrics_path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss")
+    validation = [(r["step"], r["validation_loss"]) for r in records if "validation_loss" in r]
+    if final_validation and final_validation not in validation:
+        validation.append(final_validation)
+    if validation:
+        ax.plot(*zip(*validation, strict=True), "o-", label="validation loss")
+    if entropy_floor is not None:
+        ax.axhline(entropy_floor, color="gray", linestyle="--", label=f"entropy floor {entropy_floor:.3f}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
