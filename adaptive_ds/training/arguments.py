@@ -46,6 +46,8 @@ class RunSettings:
     keep_last: int = 2  # checkpoints kept
     resume: str = "auto"  # "auto": continue from OUTPUT_DIR's latest checkpoint if there is one; "never"
     report_to: str = "none"  # also mirror metrics to "tensorboard" or "wandb" (metrics.jsonl is always written)
+    push_to_hub: str | None = None  # Hub repo id: the final model is pushed with a model card
+    push_every_save: bool = False  # also push at every checkpoint, in the background
     model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
 
 
@@ -72,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep_last", type=int, help="checkpoints to keep")
     p.add_argument("--resume", choices=["auto", "never"], help="continue from OUTPUT_DIR's latest checkpoint")
     p.add_argument("--report_to", choices=["none", "tensorboard", "wandb"], help="mirror metrics there too")
+    p.add_argument("--push_to_hub", metavar="REPO_ID", help="push the final model (and a model card) to the Hub")
+    p.add_argument("--push_every_save", action="store_true", default=None, help="also push at every checkpoint")
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
     return p
 
@@ -161,7 +165,8 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     ds_config = copy.deepcopy(raw)
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
     for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
-                 "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to"):
+                 "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to", "push_to_hub",
+                 "push_every_save"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

@@ -10,6 +10,8 @@ import json
 import logging
 import math
 import os
+import shlex
+import sys
 import time
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed
 from ..data import TrainingData, build_training_data
+from ..hub import HubPusher, model_card
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts
 from . import checkpoint
@@ -44,6 +47,7 @@ class Run:
     micro: int
     accum: int
     identity: dict  # what a checkpoint must match to be resumed by this run
+    pusher: HubPusher | None = None  # rank 0, with --push_to_hub
 
     @property
     def tokens_per_step(self) -> int:
@@ -170,15 +174,37 @@ def _resume(run: Run, tag: str) -> int:
     return step
 
 
-def _save(run: Run, step: int) -> None:
+def _save(run: Run, step: int, train_loss: float) -> None:
     state = {"step": step, "micro_batches_per_rank": step * run.accum, "identity": run.identity}
     checkpoint.save(run.engine, run.output_dir, step, state, run.settings.keep_last, run.data.tokenizer)
+    if run.settings.push_to_hub and run.settings.push_every_save and step < run.settings.max_steps:
+        staging = os.path.join(run.output_dir, "checkpoints", "hub_snapshot")
+        save_final(run.engine.module, run.data.tokenizer, staging, is_writer=distributed.rank() == 0)
+        if run.pusher:
+            card = model_card({**_card_facts(run), "steps": step, "tokens_seen": step * run.tokens_per_step,
+                               "train_loss": train_loss}, _command())
+            run.pusher.push_in_background(staging, card, f"checkpoint at step {step}")
 
 
-def train(argv: list[str] | None = None) -> dict:
-    """Run training as the command line `argv` says; returns the summary (on every rank)."""
+def _command() -> str:
+    return shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
+
+
+def _card_facts(run: Run) -> dict:
+    counts = parameter_counts(run.config)
+    return {"preset": run.settings.preset, "arch": run.settings.arch, "total_parameters": counts.total,
+            "active_parameters": counts.active}
+
+
+def train(argv: list[str] | None = None, hub_api=None) -> dict:
+    """Run training as the command line `argv` says; returns the summary (on every rank).
+
+    `hub_api` replaces `huggingface_hub.HfApi()` for --push_to_hub (tests use a local stand-in).
+    """
     distributed.setup_logging()
     run, resume_tag = _build(argv)
+    if run.settings.push_to_hub and distributed.rank() == 0:
+        run.pusher = HubPusher(run.settings.push_to_hub, hub_api)
     started = time.time()
     start_step = _resume(run, resume_tag) if resume_tag else 0
     counts = parameter_counts(run.config)
@@ -194,7 +220,7 @@ def train(argv: list[str] | None = None) -> dict:
     summary = _train_loop(run, start_step, validation)
     summary.update(_validation(run, validation))
     if start_step < run.settings.max_steps:
-        _save(run, run.settings.max_steps)
+        _save(run, run.settings.max_steps, summary["train_loss"])
     save_final(run.engine.module, run.data.tokenizer, os.path.join(run.output_dir, "final"),
                is_writer=distributed.rank() == 0)
     val_loss = summary["validation_loss"]
@@ -208,10 +234,15 @@ def train(argv: list[str] | None = None) -> dict:
         summary.update(entropy_floor=stats.entropy_floor, unigram_entropy=stats.unigram_entropy,
                        captured=stats.captured(val_loss))
     if distributed.rank() == 0:
-        with open(os.path.join(run.output_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
         plot_losses(os.path.join(run.output_dir, "metrics.jsonl"), os.path.join(run.output_dir, "loss.png"),
                     stats.entropy_floor if stats else None, (run.settings.max_steps, val_loss))
+        if run.pusher:
+            run.pusher.wait()
+            run.pusher.push(os.path.join(run.output_dir, "final"), model_card(summary, _command()), "final model")
+            summary["hub_push"] = {"repo": run.pusher.repo_id, "pushed": run.pusher.pushed,
+                                   "failures": run.pusher.failures}
+        with open(os.path.join(run.output_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
         logger.info("summary: %s", _describe(summary))
     return summary
 
@@ -273,7 +304,7 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
                 window.reset()
                 window_losses, window_start = [], time.time()
             if settings.save_steps and step % settings.save_steps == 0 and step < settings.max_steps:
-                _save(run, step)
+                _save(run, step, train_loss)
     bar.close()
     writer.close()
     return {"train_loss": train_loss, "tokens_seen": settings.max_steps * run.tokens_per_step,
