@@ -170,12 +170,14 @@ def test_torchrun_launches_the_same_script(tmp_path):
 
 
 @pytest.mark.slow
-def test_accelerate_launch_with_deepspeed_runs_the_same_script(tmp_path):
+def test_accelerate_launch_with_the_shipped_deepspeed_plugin_config(tmp_path):
     out = tmp_path / "run"
-    result = run_command(["accelerate", "launch", "--use_deepspeed", "--num_processes", "2", "launchers/train.py",
-                          "--ds_config", _tiny_ds_config(tmp_path), "--arch", "hybrid", "--output_dir", str(out)])
+    # --ds_config is not passed: it comes from the config file's deepspeed_config_file
+    result = run_command(["accelerate", "launch", "--config_file", "launchers/accelerate_deepspeed.yaml",
+                          "launchers/train.py", "--arch", "hybrid", "--max_steps", "3", "--output_dir", str(out)])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((out / "summary.json").read_text())["world_size"] == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["tokens_seen"] == 3 * 16 * 2 * 256
 
 
 def test_default_config_is_the_debug_dense_run():

@@ -18,6 +18,7 @@ from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
 from ..presets import PRESETS
 
 NAMESPACE = "adaptive_ds"
+ACCELERATE_DS_CONFIG = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # set by `accelerate launch` with the DeepSpeed plugin
 
 
 @dataclass
@@ -57,7 +58,9 @@ class ConfigError(ValueError):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train an adaptive_ds model through the DeepSpeed engine.")
-    p.add_argument("--ds_config", required=True, help="DeepSpeed JSON config with an optional 'adaptive_ds' block")
+    p.add_argument("--ds_config", default=os.environ.get(ACCELERATE_DS_CONFIG),
+                   help="DeepSpeed JSON config with an optional 'adaptive_ds' block (default under `accelerate "
+                        "launch`: the deepspeed_config_file of its config)")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)}")
     p.add_argument("--arch", help=f"one of {', '.join(ARCHITECTURES)}")
     p.add_argument("--data", help=f"'{EMBEDDED}' (the built-in corpus), local files or a Hub dataset name")
@@ -161,6 +164,9 @@ def _batch_problems(ds_config: dict, world_size: int) -> list[str]:
 def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     """The run's settings (block, then flags) and the ds_config DeepSpeed gets (without our block)."""
     args = build_parser().parse_args(argv)
+    if args.ds_config is None:
+        raise ConfigError("no --ds_config given (and no deepspeed_config_file from accelerate); pass one of "
+                          "ds_configs/*.json")
     raw = _load_json(args.ds_config)
     ds_config = copy.deepcopy(raw)
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
