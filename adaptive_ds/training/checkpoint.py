@@ -9,6 +9,7 @@ and the next start resumes from it (a partial tag directory is ignored, and remo
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -20,6 +21,11 @@ import zipfile
 import numpy as np
 import torch
 import torch.distributed as dist
+from deepspeed.checkpoint.constants import (
+    UNIVERSAL_CHECKPOINT_INFO,
+    UNIVERSAL_CHECKPOINT_VERSION_KEY,
+    UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+)
 
 from .. import distributed
 
@@ -87,7 +93,9 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, to
     """
     root = checkpoint_root(output_dir)
     tag = f"step{step:08d}"
-    engine.save_checkpoint(root, tag=tag, client_state={"run": run_state}, save_latest=False)
+    # universal_checkpoint_info lets deepspeed.checkpoint.ds_to_universal convert it (resume on another world size)
+    engine.save_checkpoint(root, tag=tag, client_state={"run": run_state, UNIVERSAL_CHECKPOINT_INFO: {
+        UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}, save_latest=False)
     rank = distributed.rank()
     torch.save(_rng_state(), os.path.join(root, tag, f"rng_rank{rank}.pt"))
     dist.barrier()  # every rank's files are on disk
@@ -136,17 +144,48 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
                               "use a new --output_dir or the original settings")
 
 
-def load(engine, output_dir: str, tag: str) -> dict:
-    """Restore engine, optimizer, scheduler, loss scaler and this rank's RNG; returns the run state."""
+def universal_tag(output_dir: str, tag: str) -> str:
+    """Convert checkpoint `tag` to DeepSpeed's universal format (once; rank 0) and return the converted tag.
+
+    A universal checkpoint stores each parameter's fp32 weights and optimizer moments whole, so ZeRO can
+    re-partition them over a different number of ranks (`"checkpoint": {"load_universal": true}`).
+    """
+    from deepspeed.checkpoint import ds_to_universal
+
+    root = checkpoint_root(output_dir)
+    converted = f"{tag}-universal"
+    if distributed.rank() == 0 and not os.path.isdir(os.path.join(root, converted)):
+        args = argparse.Namespace(input_folder=os.path.join(root, tag), output_folder=os.path.join(root, converted),
+                                  num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                  strict=True, inject_missing_state=False)
+        try:
+            ds_to_universal.main(args)
+        except (AssertionError, RuntimeError, OSError, KeyError) as e:
+            shutil.rmtree(os.path.join(root, converted), ignore_errors=True)
+            raise CheckpointError(f"checkpoint {tag!r} cannot be converted to DeepSpeed's universal format for a "
+                                  f"different number of processes ({type(e).__name__}: {e})") from None
+        logger.info("converted %s to DeepSpeed's universal checkpoint %s", tag, converted)
+    dist.barrier()
+    return converted
+
+
+def load(engine, output_dir: str, tag: str, rng_tag: str | None = None) -> dict:
+    """Restore engine, optimizer, scheduler, loss scaler and this rank's RNG; returns the run state.
+
+    `rng_tag`: where the RNG states are (the original checkpoint when `tag` is its universal conversion);
+    a rank that did not exist when the checkpoint was written keeps its seeded RNG.
+    """
     root = checkpoint_root(output_dir)
     where = os.path.join(root, tag)
+    rng_path = os.path.join(root, rng_tag or tag, f"rng_rank{distributed.rank()}.pt")
     try:
         load_path, client = engine.load_checkpoint(root, tag=tag)
-        rng = torch.load(os.path.join(where, f"rng_rank{distributed.rank()}.pt"), weights_only=False)
+        rng = torch.load(rng_path, weights_only=False) if os.path.exists(rng_path) else None
     except (RuntimeError, OSError, EOFError, KeyError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"checkpoint {where!r} cannot be loaded ({type(e).__name__}: {e}); "
                               "the files are left as they were") from None
     if load_path is None:
         raise CheckpointError(f"checkpoint {where!r} cannot be loaded; the files are left as they were")
-    _set_rng_state(rng)
-    return client["run"]
+    if rng is not None:
+        _set_rng_state(rng)
+    return client.get("run", {})

@@ -140,6 +140,9 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
         if settings.epochs > 1:
             data.epoch_blocks = -(-20 * parameter_counts(config).total // (settings.epochs * world * seq_len))
     output_dir, resume_tag = _prepare_output_dir(settings)
+    if resume_tag and checkpoint.read_run_state(output_dir, resume_tag)["identity"]["world_size"] != world:
+        # A different number of processes: ZeRO must re-partition, from DeepSpeed's universal checkpoint.
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True
 
     torch.manual_seed(settings.seed)
     model = AdaptiveDSForCausalLM(config)
@@ -158,10 +161,22 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
 
 
 def _resume(run: Run, tag: str) -> int:
-    """Load checkpoint `tag`; returns the step it was taken at. metrics.jsonl is cut back to that step."""
+    """Load checkpoint `tag`; returns the step it was taken at. metrics.jsonl is cut back to that step.
+
+    On a different number of processes the checkpoint is converted to DeepSpeed's universal format first; the
+    model, optimizer and schedule continue exactly, and each rank resumes its own data stream at that step.
+    """
     saved = checkpoint.read_run_state(run.output_dir, tag)
-    checkpoint.check_compatible(saved["identity"], run.identity, os.path.join(run.output_dir, "checkpoints", tag))
-    checkpoint.load(run.engine, run.output_dir, tag)
+    where = os.path.join(run.output_dir, "checkpoints", tag)
+    same_world = saved["identity"]["world_size"] == run.identity["world_size"]
+    expected = run.identity if same_world else {**run.identity, "world_size": saved["identity"]["world_size"]}
+    checkpoint.check_compatible(saved["identity"], expected, where)
+    if same_world:
+        checkpoint.load(run.engine, run.output_dir, tag)
+    else:
+        logger.warning("resuming a %d-process checkpoint on %d processes through DeepSpeed's universal format",
+                       saved["identity"]["world_size"], run.identity["world_size"])
+        checkpoint.load(run.engine, run.output_dir, checkpoint.universal_tag(run.output_dir, tag), rng_tag=tag)
     step = saved["step"]
     if distributed.rank() == 0:
         path = os.path.join(run.output_dir, "metrics.jsonl")
