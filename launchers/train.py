@@ -10,9 +10,10 @@ import sys
 
 from adaptive_ds.training import ConfigError, train
 from adaptive_ds.training.checkpoint import CheckpointError
+from adaptive_ds.training.controller import TrainingStopped
 
 if __name__ == "__main__":
     try:
         train(sys.argv[1:])
-    except (ConfigError, CheckpointError) as error:
+    except (ConfigError, CheckpointError, TrainingStopped) as error:
         sys.exit(f"error: {error}")

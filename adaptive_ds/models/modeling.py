@@ -214,7 +214,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         seq_len = hidden_states.shape[1]
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache is None:  # a cache is for generation: training would only hold on to memory
+            use_cache = self.config.use_cache and not self.training
         if self.training or self.mod_routing == "topk":
             use_cache = use_cache and not self.config.uses_mod  # top-k routing needs the whole sequence
         if not use_cache:

@@ -16,6 +16,7 @@ from ..data import EMBEDDED
 from ..data.text import local_files, looks_like_path
 from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
 from ..presets import PRESETS
+from .controller import controller_settings
 
 NAMESPACE = "adaptive_ds"
 ACCELERATE_DS_CONFIG = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # set by `accelerate launch` with the DeepSpeed plugin
@@ -49,6 +50,8 @@ class RunSettings:
     report_to: str = "none"  # also mirror metrics to "tensorboard" or "wandb" (metrics.jsonl is always written)
     push_to_hub: str | None = None  # Hub repo id: the final model is pushed with a model card
     push_every_save: bool = False  # also push at every checkpoint, in the background
+    activation_checkpointing: bool = False  # recompute each block in backward (the controller may turn it on)
+    controller: dict = field(default_factory=dict)  # ControllerSettings fields (adaptive_ds/training/controller.py)
     model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
 
 
@@ -135,6 +138,13 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     unknown = sorted(set(settings.model) - model_fields)
     if unknown:
         problems.append(f"unknown model field(s) {', '.join(unknown)}; valid: {', '.join(sorted(model_fields))}")
+    try:
+        controller_settings(settings.controller)
+    except ValueError as e:
+        problems.append(str(e))
+    if settings.arch in ("moe", "hybrid") and ds_config.get("zero_optimization", {}).get("stage", 0) == 3:
+        problems.append(f"arch {settings.arch} uses DeepSpeed MoE, which does not run under ZeRO-3; "
+                        "use zero_optimization stage 1 or 2 (with expert parallelism)")
     problems += _batch_problems(ds_config, world_size)
     if ds_config.get("fp16", {}).get("enabled") and ds_config.get("bf16", {}).get("enabled"):
         problems.append("fp16 and bf16 are both enabled; enable at most one")

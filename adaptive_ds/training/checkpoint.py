@@ -93,9 +93,12 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, to
     """
     root = checkpoint_root(output_dir)
     tag = f"step{step:08d}"
-    # universal_checkpoint_info lets deepspeed.checkpoint.ds_to_universal convert it (resume on another world size)
-    engine.save_checkpoint(root, tag=tag, client_state={"run": run_state, UNIVERSAL_CHECKPOINT_INFO: {
-        UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}, save_latest=False)
+    client_state = {"run": run_state}
+    if not engine.has_moe_layers:
+        # lets deepspeed.checkpoint.ds_to_universal convert it, to resume on another number of processes
+        # (DeepSpeed reserves this key in its MoE checkpoint path, which the universal converter does not handle)
+        client_state[UNIVERSAL_CHECKPOINT_INFO] = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
+    engine.save_checkpoint(root, tag=tag, client_state=client_state, save_latest=False)
     rank = distributed.rank()
     torch.save(_rng_state(), os.path.join(root, tag, f"rng_rank{rank}.pt"))
     dist.barrier()  # every rank's files are on disk

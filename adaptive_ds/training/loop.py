@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import deepspeed
 import torch
@@ -28,6 +28,7 @@ from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts
 from . import checkpoint
 from .arguments import ConfigError, RunSettings, parse
+from .controller import Controller, ControllerState, SimulatedOOM, TrainingStopped, controller_settings
 from .final import save_final
 from .metrics import MetricsWriter, RoutingWindow, peak_memory, plot_losses
 from .optim import parameter_groups, scheduler_factory
@@ -47,6 +48,9 @@ class Run:
     micro: int
     accum: int
     identity: dict  # what a checkpoint must match to be resumed by this run
+    controller: Controller | None = None
+    base_lrs: list[float] | None = None  # the schedule's peak learning rates before any controller scaling
+    data_steps: int = 0  # step batches this rank has read (rollbacks skip data, so it can exceed the step)
     pusher: HubPusher | None = None  # rank 0, with --push_to_hub
 
     @property
@@ -154,10 +158,15 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
                 "tokenizer": settings.tokenizer if settings.data != "embedded" else "embedded",
-                "world_size": distributed.world_size(), "micro_batch": micro, "accumulation": accum,
+                "world_size": distributed.world_size(), "rows_per_rank_step": micro * accum,
                 "model": config.to_dict()}
     identity = json.loads(json.dumps(identity))  # as it reads back from run.json
-    return Run(engine, config, settings, data, output_dir, micro, accum, identity), resume_tag
+    run = Run(engine, config, settings, data, output_dir, micro, accum, identity,
+              base_lrs=list(engine.lr_scheduler.base_lrs))
+    run.controller = Controller(controller_settings(settings.controller), ControllerState(micro, accum),
+                                output_dir if distributed.rank() == 0 else None)
+    _apply_controller_state(run)
+    return run, resume_tag
 
 
 def _resume(run: Run, tag: str) -> int:
@@ -178,6 +187,9 @@ def _resume(run: Run, tag: str) -> int:
                        saved["identity"]["world_size"], run.identity["world_size"])
         checkpoint.load(run.engine, run.output_dir, checkpoint.universal_tag(run.output_dir, tag), rng_tag=tag)
     step = saved["step"]
+    run.data_steps = saved["data_steps"]
+    run.controller.state = ControllerState(**saved["controller"])
+    _apply_controller_state(run)  # a resumed run starts from the settings that worked
     if distributed.rank() == 0:
         path = os.path.join(run.output_dir, "metrics.jsonl")
         if os.path.exists(path):
@@ -190,7 +202,8 @@ def _resume(run: Run, tag: str) -> int:
 
 
 def _save(run: Run, step: int, train_loss: float) -> None:
-    state = {"step": step, "micro_batches_per_rank": step * run.accum, "identity": run.identity}
+    state = {"step": step, "data_steps": run.data_steps, "identity": run.identity,
+             "controller": asdict(run.controller.state)}
     checkpoint.save(run.engine, run.output_dir, step, state, run.settings.keep_last, run.data.tokenizer)
     if run.settings.push_to_hub and run.settings.push_every_save and step < run.settings.max_steps:
         staging = os.path.join(run.output_dir, "checkpoints", "hub_snapshot")
@@ -271,56 +284,134 @@ def _describe(summary: dict) -> str:
     return text
 
 
+def _apply_controller_state(run: Run) -> None:
+    """Make the engine follow the controller's settings (after a decision, a resume or a rollback)."""
+    state, engine = run.controller.state, run.engine
+    engine.set_train_micro_batch_size(state.micro_batch)
+    engine.set_train_batch_size(state.micro_batch * state.accumulation * distributed.world_size())
+    run.micro, run.accum = state.micro_batch, state.accumulation
+    engine.module.model.gradient_checkpointing = state.activation_checkpointing or run.settings.activation_checkpointing
+    if state.aux_coef is not None:
+        engine.module.config.router_aux_loss_coef = state.aux_coef
+    scheduler = engine.lr_scheduler
+    scheduler.base_lrs = [lr * state.lr_scale for lr in run.base_lrs]
+    for group, base, factor in zip(engine.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
+                                   strict=False):
+        group["lr"] = base * factor(scheduler.last_epoch)
+
+
+def _step_rows(rows: dict, micro: int):
+    """The step's rows on this rank, cut into micro-batches (the same rows whatever the micro-batch size)."""
+    total = rows["input_ids"].shape[0]
+    for start in range(0, total, micro):
+        yield {k: v[start:start + micro] for k, v in rows.items()}
+
+
+def _run_step(run: Run, rows: dict, step: int, window: RoutingWindow) -> list[float]:
+    """One optimizer step over `rows`; on out-of-memory the controller decides and the step is retried."""
+    engine = run.engine
+    micro_steps_before = engine.micro_steps
+    while True:
+        losses, outputs = [], []
+        try:
+            for batch in _step_rows(rows, run.micro):
+                run.controller.inject_oom(step, run.micro)
+                batch = {k: v.to(engine.device) for k, v in batch.items()}
+                out = engine(**batch)
+                engine.backward(out.loss)
+                engine.step()
+                losses.append(out.lm_loss.item())
+                outputs.append(out)
+        except (torch.OutOfMemoryError, SimulatedOOM) as error:
+            del outputs
+            engine.optimizer.zero_grad(set_to_none=True)  # drop the failed step's partial gradients
+            engine.micro_steps = micro_steps_before
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            run.controller.on_oom(step, error)
+            _apply_controller_state(run)
+            continue
+        for out in outputs:
+            window.add(out)
+        run.controller.observe_overflow(step, not engine.was_step_applied())
+        return losses
+
+
+def _rollback(run: Run, step: int) -> int:
+    """Back to the latest checkpoint's weights and optimizer, keeping the controller's new settings."""
+    tag = checkpoint.latest_tag(run.output_dir)
+    if tag is None:
+        raise TrainingStopped(f"loss spike at step {step} but no checkpoint to roll back to; set save_steps")
+    state = run.controller.state
+    checkpoint.load(run.engine, run.output_dir, tag)
+    run.controller.state = state
+    _apply_controller_state(run)
+    return checkpoint.read_run_state(run.output_dir, tag)["step"]
+
+
 def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
     engine, config, settings = run.engine, run.config, run.settings
     rank, world = distributed.rank(), distributed.world_size()
-    batches = run.data.train_batches(run.micro, rank, world)
-    for _ in range(start_step * run.accum):  # the data position: what the checkpointed steps consumed
+    # Per-step rows of this rank: micro x accumulation, constant when the controller re-splits them.
+    batches = run.data.train_batches(run.micro * run.accum, rank, world)
+    for _ in range(run.data_steps):  # the data position: what the checkpointed run consumed
         next(batches)
     window = RoutingWindow(config)
     writer = MetricsWriter(run.output_dir if rank == 0 else None, settings.report_to,
                            os.path.basename(run.output_dir), run.identity)
-    stats = run.data.statistics
     bar = tqdm(total=settings.max_steps, initial=start_step, disable=rank != 0, dynamic_ncols=True, desc="train")
     window_losses, window_start, train_loss = [], time.time(), float("nan")
+    step = start_step
     with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
-        for step in range(start_step + 1, settings.max_steps + 1):
+        while step < settings.max_steps:
+            step += 1
             if config.uses_mod:
                 capacity = mod_capacity_at(step - 1, config.mod_capacity, settings.mod_capacity_warmup_steps)
                 engine.module.model.set_mod_capacity(capacity)
-            for _ in range(run.accum):
-                batch = {k: v.to(engine.device) for k, v in next(batches).items()}
-                out = engine(**batch)
-                engine.backward(out.loss)
-                engine.step()
-                window_losses.append(out.lm_loss.item())
-                window.add(out)
+            losses = _run_step(run, next(batches), step, window)
+            run.data_steps += 1
+            if run.controller.observe_loss(step, _mean_over_ranks(sum(losses) / len(losses))) == "rollback":
+                step = _rollback(run, step)  # the data already read is skipped, not replayed
+                bar.n = step
+                window.reset()
+                window_losses, window_start = [], time.time()
+                continue
+            window_losses += losses
             bar.update(1)
             if step % settings.log_steps == 0 or step == settings.max_steps:
-                elapsed = time.time() - window_start
-                train_loss = _mean_over_ranks(sum(window_losses) / len(window_losses))
-                record = {
-                    "step": step, "loss": train_loss, "lr": engine.get_lr()[0],
-                    "tokens_per_s": len(window_losses) // run.accum * run.tokens_per_step / elapsed,
-                    "tokens_seen": step * run.tokens_per_step, **window.summary(),
-                }
+                record = {"step": step, "loss": _mean_over_ranks(sum(window_losses) / len(window_losses)),
+                          "lr": engine.get_lr()[0], "micro_batch": run.micro, "accumulation": run.accum,
+                          "tokens_per_s": len(window_losses) * run.micro * world * run.data.seq_len
+                          / (time.time() - window_start),
+                          "tokens_seen": step * run.tokens_per_step, "skipped_steps": engine.skipped_steps,
+                          **window.summary()}
                 if config.uses_mod:
                     record["mod"]["capacity"] = capacity
                 if settings.eval_steps and step % settings.eval_steps == 0:
                     record.update(_validation(run, validation))
-                if stats:
-                    record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(train_loss))
-                writer.write(record)
-                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
-                val = f" validation {record['validation_loss']:.4f}" if "validation_loss" in record else ""
-                logger.info("step %d/%d loss %.4f%s%s lr %.2e %.0f tokens/s", step, settings.max_steps, train_loss,
-                            floor, val, record["lr"], record["tokens_per_s"])
+                train_loss = record["loss"]
+                _log(run, record, writer, bar)
+                new_coef = run.controller.observe_routing(step, record.get("moe"), config.router_aux_loss_coef)
+                if new_coef is not None:
+                    engine.module.config.router_aux_loss_coef = new_coef
                 window.reset()
                 window_losses, window_start = [], time.time()
             if settings.save_steps and step % settings.save_steps == 0 and step < settings.max_steps:
                 _save(run, step, train_loss)
     bar.close()
     writer.close()
+    run.controller.close()
     return {"train_loss": train_loss, "tokens_seen": settings.max_steps * run.tokens_per_step,
             "steps": settings.max_steps}
+
+
+def _log(run: Run, record: dict, writer: MetricsWriter, bar) -> None:
+    stats = run.data.statistics
+    if stats:
+        record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(record["loss"]))
+    writer.write(record)
+    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+    floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
+    val = f" validation {record['validation_loss']:.4f}" if "validation_loss" in record else ""
+    logger.info("step %d/%d loss %.4f%s%s lr %.2e %.0f tokens/s", record["step"], run.settings.max_steps,
+                record["loss"], floor, val, record["lr"], record["tokens_per_s"])

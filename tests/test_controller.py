@@ -1,0 +1,119 @@
+"""The adaptive controller, exercised by injecting each trigger into real CPU runs."""
+
+import json
+
+import pytest
+
+from adaptive_ds.training import train
+from adaptive_ds.training.controller import TrainingStopped
+
+
+def _config(tmp_path, micro=8, accum=1, controller=None, **block):
+    config = {
+        "adaptive_ds": {"preset": "debug", "max_steps": 6, "warmup_steps": 1, "log_steps": 1, "eval_batches": 1,
+                        "save_steps": 2, "controller": controller or {}, **block},
+        "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum, "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}},
+        "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
+    }
+    path = tmp_path / f"ds{len(list(tmp_path.glob('ds*.json')))}.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_out_of_memory_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path):
+    out = tmp_path / "run"
+    faults = {"oom_micro_batch_above": 2, "oom_from_step": 3}
+    summary = train(["--ds_config", _config(tmp_path, controller={"faults": faults}), "--output_dir", str(out)])
+    decisions = _jsonl(out / "decisions.jsonl")
+    assert [(d["step"], d["trigger"]["micro_batch"], d["settings"]["micro_batch"], d["settings"]["accumulation"])
+            for d in decisions] == [(3, 8, 4, 2), (3, 4, 2, 4)]
+    metrics = _jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]  # the failed step was retried, nothing lost
+    assert all(m["micro_batch"] * m["accumulation"] == 8 for m in metrics)  # same global batch
+    assert [m["micro_batch"] for m in metrics] == [8, 8, 2, 2, 2, 2]
+    assert summary["tokens_seen"] == 6 * 8 * 256 and (out / "final" / "model.safetensors").exists()
+    # the settings that worked are persisted: a resumed run starts from them and needs no new decision
+    run = json.loads((out / "checkpoints" / "step00000006" / "run.json").read_text())
+    assert run["controller"]["micro_batch"] == 2 and run["controller"]["accumulation"] == 4
+    train(["--ds_config", _config(tmp_path, controller={"faults": faults}, max_steps=8), "--output_dir", str(out)])
+    assert len(_jsonl(out / "decisions.jsonl")) == 2
+    assert [m["micro_batch"] for m in _jsonl(out / "metrics.jsonl")][-2:] == [2, 2]
+
+
+def test_out_of_memory_at_micro_batch_one_checkpoints_activations_then_stops(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(TrainingStopped, match="out of memory at micro-batch 1.*offload"):
+        train(["--ds_config", _config(tmp_path, micro=2, controller={"faults": {"oom_micro_batch_above": 0}}),
+               "--output_dir", str(out)])
+    actions = [d["action"] for d in _jsonl(out / "decisions.jsonl")]
+    assert actions == ["halve micro-batch, double accumulation, retry the step",
+                       "enable activation checkpointing, retry the step", "stop"]
+
+
+def test_activation_checkpointing_trains_the_same_as_without(tmp_path):
+    a = train(["--ds_config", _config(tmp_path, max_steps=3, save_steps=0), "--output_dir", str(tmp_path / "a")])
+    b = train(["--ds_config", _config(tmp_path, max_steps=3, save_steps=0, activation_checkpointing=True),
+               "--output_dir", str(tmp_path / "b")])
+    assert b["validation_loss"] == pytest.approx(a["validation_loss"], rel=1e-5)
+
+
+def _reference_lrs(tmp_path, max_steps):
+    out = tmp_path / "reference"
+    train(["--ds_config", _config(tmp_path, max_steps=max_steps), "--output_dir", str(out)])
+    return {m["step"]: m["lr"] for m in _jsonl(out / "metrics.jsonl")}
+
+
+def test_a_loss_spike_rolls_back_lowers_the_lr_and_skips_the_data(tmp_path):
+    reference = _reference_lrs(tmp_path, 8)
+    out = tmp_path / "run"
+    controller = {"faults": {"spike_at_step": 5}, "spike_window": 3, "spike_sigma": 3.0}
+    train(["--ds_config", _config(tmp_path, max_steps=8, controller=controller), "--output_dir", str(out)])
+    (decision,) = _jsonl(out / "decisions.jsonl")
+    assert decision["step"] == 5 and decision["action"].startswith("roll back")
+    assert decision["trigger"]["loss"] > decision["trigger"]["window_mean"] + 3 * decision["trigger"]["window_std"]
+    assert decision["settings"]["lr_scale"] == 0.5 and decision["settings"]["rollbacks"] == 1
+    metrics = _jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 9))  # nothing logged before the rollback is lost
+    for m in metrics:
+        expected = reference[m["step"]] * (0.5 if m["step"] >= 5 else 1.0)
+        assert m["lr"] == pytest.approx(expected, rel=1e-6)
+    run = json.loads((out / "checkpoints" / "step00000008" / "run.json").read_text())
+    assert run["data_steps"] == 9  # the spiking step's data was skipped, not replayed
+
+
+def test_non_finite_losses_roll_back_and_too_many_rollbacks_stop(tmp_path):
+    out = tmp_path / "run"
+    controller = {"faults": {"nan_at_steps": [4, 5]}, "nonfinite_steps": 2}
+    train(["--ds_config", _config(tmp_path, controller=controller), "--output_dir", str(out)])
+    (decision,) = _jsonl(out / "decisions.jsonl")
+    assert decision["step"] == 5 and decision["trigger"]["non_finite_steps"] == 2
+    assert (out / "final" / "model.safetensors").exists()
+    stopped = tmp_path / "stopped"
+    with pytest.raises(TrainingStopped, match="after 0 rollbacks"):
+        train(["--ds_config", _config(tmp_path, controller={**controller, "max_rollbacks": 0}),
+               "--output_dir", str(stopped)])
+    assert (stopped / "checkpoints" / "latest").exists()  # what was written stays
+
+
+def test_poor_moe_balance_raises_the_aux_coefficient_within_bounds(tmp_path):
+    out = tmp_path / "run"
+    controller = {"balance_threshold": 0.9999, "balance_windows": 1, "aux_coef_max": 0.04}
+    train(["--ds_config", _config(tmp_path, controller=controller), "--arch", "moe", "--output_dir", str(out)])
+    raised = [d for d in _jsonl(out / "decisions.jsonl") if d["action"] == "raise the aux-loss coefficient"]
+    assert [d["settings"]["aux_coef"] for d in raised] == [0.02, 0.04]
+    assert all(d["trigger"]["load_balance"] < 0.9999 for d in raised)
+    final = json.loads((out / "final" / "config.json").read_text())
+    assert final["router_aux_loss_coef"] == 0.04
+
+
+def test_the_controller_can_be_switched_off(tmp_path):
+    with pytest.raises(Exception, match="injected out-of-memory"):
+        train(["--ds_config", _config(tmp_path, controller={"oom": False, "faults": {"oom_micro_batch_above": 2}}),
+               "--output_dir", str(tmp_path / "run")])
+    with pytest.raises(ValueError, match="unknown controller key"):
+        train(["--ds_config", _config(tmp_path, controller={"oom_retry": 1}), "--output_dir", str(tmp_path / "x")])
