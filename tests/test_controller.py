@@ -117,3 +117,36 @@ def test_the_controller_can_be_switched_off(tmp_path):
                "--output_dir", str(tmp_path / "run")])
     with pytest.raises(ValueError, match="unknown controller key"):
         train(["--ds_config", _config(tmp_path, controller={"oom_retry": 1}), "--output_dir", str(tmp_path / "x")])
+
+
+def test_micro_batch_auto_finds_the_largest_that_fits(tmp_path):
+    out = tmp_path / "run"
+    controller = {"faults": {"oom_micro_batch_above": 3}}
+    train(["--ds_config", _config(tmp_path, micro=2, accum=6, controller=controller, max_steps=3),
+           "--output_dir", str(out), "--micro_batch", "auto"])
+    decisions = _jsonl(out / "decisions.jsonl")
+    assert decisions[0]["action"].startswith("micro-batch auto") and decisions[0]["settings"]["micro_batch"] == 12
+    # 12 rows per step: 12 fails, 6 fails, 3 fits (the largest divisor of 12 not above half of 6)
+    assert [d["settings"]["micro_batch"] for d in decisions[1:]] == [6, 3]
+    assert {(m["micro_batch"], m["accumulation"]) for m in _jsonl(out / "metrics.jsonl")} == {(3, 4)}
+
+
+def test_plateau_scales_the_lr_and_early_stopping_ends_the_run(tmp_path):
+    out = tmp_path / "run"
+    # min_improvement larger than any change: every evaluation after the first counts as a plateau
+    controller = {"plateau_patience": 1, "early_stopping_patience": 3, "min_improvement": 100.0}
+    summary = train(["--ds_config", _config(tmp_path, controller=controller, max_steps=20, eval_steps=2),
+                     "--output_dir", str(out)])
+    actions = [(d["step"], d["action"]) for d in _jsonl(out / "decisions.jsonl")]
+    assert actions == [(4, "scale the learning rate (plateau)"), (6, "scale the learning rate (plateau)"),
+                       (8, "stop early")]
+    assert summary["steps"] == 8 and (out / "final" / "model.safetensors").exists()
+
+
+def test_mod_capacity_moves_toward_a_flops_target_within_bounds(tmp_path):
+    out = tmp_path / "run"
+    controller = {"mod_flops_target": 0.3, "mod_capacity_bounds": [0.25, 1.0]}
+    train(["--ds_config", _config(tmp_path, controller=controller), "--arch", "mod", "--output_dir", str(out)])
+    capacities = [m["mod"]["capacity"] for m in _jsonl(out / "metrics.jsonl")]
+    assert capacities[0] == 0.5 and capacities[-1] < capacities[0] and min(capacities) >= 0.25
+    assert all(d["action"] == "adjust MoD capacity" for d in _jsonl(out / "decisions.jsonl"))

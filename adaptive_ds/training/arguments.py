@@ -51,6 +51,7 @@ class RunSettings:
     push_to_hub: str | None = None  # Hub repo id: the final model is pushed with a model card
     push_every_save: bool = False  # also push at every checkpoint, in the background
     activation_checkpointing: bool = False  # recompute each block in backward (the controller may turn it on)
+    micro_batch: str | None = None  # "auto": start at the whole step's rows per rank and halve on out-of-memory
     controller: dict = field(default_factory=dict)  # ControllerSettings fields (adaptive_ds/training/controller.py)
     model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
 
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save_steps", type=int, help="checkpoint every N steps")
     p.add_argument("--keep_last", type=int, help="checkpoints to keep")
     p.add_argument("--resume", choices=["auto", "never"], help="continue from OUTPUT_DIR's latest checkpoint")
+    p.add_argument("--micro_batch", choices=["auto"], help="find the largest micro-batch that fits")
     p.add_argument("--report_to", choices=["none", "tensorboard", "wandb"], help="mirror metrics there too")
     p.add_argument("--push_to_hub", metavar="REPO_ID", help="push the final model (and a model card) to the Hub")
     p.add_argument("--push_every_save", action="store_true", default=None, help="also push at every checkpoint")
@@ -182,7 +184,7 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
     for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
                  "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to", "push_to_hub",
-                 "push_every_save"):
+                 "push_every_save", "micro_batch"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

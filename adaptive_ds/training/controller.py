@@ -9,11 +9,17 @@ Each behaviour is bounded and can be switched off in the `controller` object of 
 - Stability: a loss spike (beyond `spike_sigma` standard deviations of the last `spike_window` step losses)
   or `nonfinite_steps` non-finite losses in a row roll the run back to the last checkpoint, scale the
   learning rate by `rollback_lr_factor` and skip the data that caused it; after `max_rollbacks`, it stops.
-  fp16 overflow steps skipped by DeepSpeed's loss scaler are counted; more than `max_overflow_steps` in a row
-  stops the run.
+  fp16 overflow steps skipped by DeepSpeed's loss scaler are counted (`skipped_steps` in metrics.jsonl); more
+  than `max_overflow_steps` in a row stops the run. With `eval_steps`, a validation loss that stops improving
+  scales the learning rate after `plateau_patience` evaluations and ends the run after
+  `early_stopping_patience` (both off by default).
+- Micro-batch search (`--micro_batch auto`): the first step starts with the whole step's rows in one
+  micro-batch and the out-of-memory rule halves it until it fits.
 - Routing: while MoE load balance stays below `balance_threshold` for `balance_windows` logged windows, the
   aux-loss coefficient is multiplied by `aux_coef_factor` up to `aux_coef_max`, and lowered back toward its
-  configured value once balance recovers; experts that stay dead are reported.
+  configured value once balance recovers; experts that stay dead are reported. MoD: with `mod_flops_target`,
+  the capacity moves toward the FLOPs fraction asked for, within `mod_capacity_bounds`; otherwise it follows
+  the configured schedule.
 """
 
 from __future__ import annotations
@@ -50,6 +56,12 @@ class ControllerSettings:
     balance_windows: int = 3
     aux_coef_factor: float = 2.0
     aux_coef_max: float = 0.1
+    plateau_patience: int = 0  # evaluations without improvement before the LR is scaled (0: off)
+    plateau_factor: float = 0.5
+    early_stopping_patience: int = 0  # evaluations without improvement before training stops early (0: off)
+    min_improvement: float = 1e-3
+    mod_flops_target: float | None = None  # MoD: steer capacity so FLOPs / unrouted FLOPs approach this
+    mod_capacity_bounds: tuple[float, float] = (0.125, 1.0)
     faults: dict = field(default_factory=dict)  # oom_micro_batch_above, oom_from_step, spike_at_step, nan_at_steps
 
 
@@ -71,6 +83,9 @@ class ControllerState:
     lr_scale: float = 1.0
     aux_coef: float | None = None
     rollbacks: int = 0
+    mod_capacity: float | None = None
+    best_validation: float | None = None
+    evals_without_improvement: int = 0
 
 
 class Controller:
@@ -99,13 +114,16 @@ class Controller:
             raise SimulatedOOM(f"injected out-of-memory at micro-batch {micro_batch}")
 
     def on_oom(self, step: int, error: Exception) -> str:
-        """Halve the micro-batch (doubling accumulation), or turn on activation checkpointing, or stop."""
+        """Halve the micro-batch (raising accumulation to keep the global batch), or turn on activation
+        checkpointing, or stop."""
         if not self.settings.oom:
             raise error
         trigger = {"error": f"{type(error).__name__}: {str(error)[:200]}", "micro_batch": self.state.micro_batch}
         if self.state.micro_batch > 1:
-            self.state.micro_batch //= 2
-            self.state.accumulation *= 2
+            rows = self.state.micro_batch * self.state.accumulation
+            # the largest divisor of the step's rows at most half the current micro-batch
+            self.state.micro_batch = max(d for d in range(1, self.state.micro_batch // 2 + 1) if rows % d == 0)
+            self.state.accumulation = rows // self.state.micro_batch
             self.decide(step, trigger, "halve micro-batch, double accumulation, retry the step")
             return "halve"
         if not self.state.activation_checkpointing:
@@ -192,6 +210,40 @@ class Controller:
                             "lower the aux-loss coefficient")
                 return self.state.aux_coef
         return None
+
+    def observe_validation(self, step: int, loss: float) -> str | None:
+        """Plateau: scale the LR after `plateau_patience` evaluations without improvement; 'stop' after
+        `early_stopping_patience` of them."""
+        if self.state.best_validation is None or loss < self.state.best_validation - self.settings.min_improvement:
+            self.state.best_validation = loss
+            self.state.evals_without_improvement = 0
+            return None
+        self.state.evals_without_improvement += 1
+        waited = self.state.evals_without_improvement
+        trigger = {"validation_loss": loss, "best": self.state.best_validation,
+                   "evaluations_without_improvement": waited}
+        if self.settings.early_stopping_patience and waited >= self.settings.early_stopping_patience:
+            self.decide(step, trigger, "stop early")
+            return "stop"
+        if self.settings.plateau_patience and waited % self.settings.plateau_patience == 0:
+            self.state.lr_scale *= self.settings.plateau_factor
+            self.decide(step, trigger, "scale the learning rate (plateau)")
+            return "lr"
+        return None
+
+    def observe_mod(self, step: int, mod: dict, capacity: float) -> float | None:
+        """MoD: move the capacity toward the FLOPs target (FLOPs / unrouted FLOPs), within bounds."""
+        target = self.settings.mod_flops_target
+        if target is None or not mod:
+            return None
+        low, high = self.settings.mod_capacity_bounds
+        measured = 1.0 - mod["flops_reduction"]
+        new = min(max(capacity + 0.5 * (target - measured), low), high)
+        if abs(new - capacity) < 1e-3:
+            return None
+        self.state.mod_capacity = new
+        self.decide(step, {"flops_fraction": measured, "target": target}, "adjust MoD capacity")
+        return new
 
     def close(self) -> None:
         if self._file:

@@ -165,6 +165,11 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
               base_lrs=list(engine.lr_scheduler.base_lrs))
     run.controller = Controller(controller_settings(settings.controller), ControllerState(micro, accum),
                                 output_dir if distributed.rank() == 0 else None)
+    if settings.micro_batch == "auto" and not resume_tag:
+        # The first step is the search: the whole step in one micro-batch, halved on out-of-memory.
+        run.controller.state.micro_batch, run.controller.state.accumulation = micro * accum, 1
+        run.controller.decide(0, {"requested_rows_per_rank_step": micro * accum},
+                              "micro-batch auto: start at the whole step, halve on out-of-memory")
     _apply_controller_state(run)
     return run, resume_tag
 
@@ -366,7 +371,8 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
         while step < settings.max_steps:
             step += 1
             if config.uses_mod:
-                capacity = mod_capacity_at(step - 1, config.mod_capacity, settings.mod_capacity_warmup_steps)
+                capacity = run.controller.state.mod_capacity or mod_capacity_at(
+                    step - 1, config.mod_capacity, settings.mod_capacity_warmup_steps)
                 engine.module.model.set_mod_capacity(capacity)
             losses = _run_step(run, next(batches), step, window)
             run.data_steps += 1
@@ -387,13 +393,21 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
                           **window.summary()}
                 if config.uses_mod:
                     record["mod"]["capacity"] = capacity
+                plateau = None
                 if settings.eval_steps and step % settings.eval_steps == 0:
                     record.update(_validation(run, validation))
+                    plateau = run.controller.observe_validation(step, record["validation_loss"])
                 train_loss = record["loss"]
                 _log(run, record, writer, bar)
                 new_coef = run.controller.observe_routing(step, record.get("moe"), config.router_aux_loss_coef)
                 if new_coef is not None:
                     engine.module.config.router_aux_loss_coef = new_coef
+                if config.uses_mod:
+                    run.controller.observe_mod(step, record["mod"], capacity)
+                if plateau == "lr":
+                    _apply_controller_state(run)
+                elif plateau == "stop":
+                    settings.max_steps = step  # the run ends here, saved and summarised as usual
                 window.reset()
                 window_losses, window_start = [], time.time()
             if settings.save_steps and step % settings.save_steps == 0 and step < settings.max_steps:
