@@ -157,6 +157,14 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
         raise ConfigError("; ".join(problems))
 
 
+def check_precision(ds_config: dict, capability: tuple[int, int] | None) -> None:
+    """bf16 needs compute capability 8.0 (A100 and newer). Older GPUs (T4 is 7.5) emulate it slowly while
+    torch.cuda.is_bf16_supported() still says True, so the capability is checked instead."""
+    if capability is not None and capability < (8, 0) and ds_config.get("bf16", {}).get("enabled"):
+        raise ConfigError(f"bf16 needs a GPU of compute capability 8.0 or newer; this one is "
+                          f"{capability[0]}.{capability[1]}; use an fp16 config such as ds_configs/b1_t4.json")
+
+
 def _batch_problems(ds_config: dict, world_size: int) -> list[str]:
     micro = ds_config.get("train_micro_batch_size_per_gpu")
     accum = ds_config.get("gradient_accumulation_steps", 1)

@@ -27,7 +27,7 @@ from ..hub import HubPusher, model_card
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts
 from . import checkpoint
-from .arguments import ConfigError, RunSettings, parse
+from .arguments import ConfigError, RunSettings, check_precision, parse
 from .controller import Controller, ControllerState, SimulatedOOM, TrainingStopped, controller_settings
 from .final import save_final
 from .metrics import MetricsWriter, RoutingWindow, peak_memory, plot_losses
@@ -124,6 +124,7 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
     # Validate before joining the process group: bad input should cost nothing and touch nothing.
     settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
     distributed.init_distributed()
+    check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
     seq_len = PRESETS[settings.preset].seq_len
     world = distributed.world_size()
     tokens_per_step = (ds_config["train_micro_batch_size_per_gpu"] * ds_config.get("gradient_accumulation_steps", 1)

@@ -1,0 +1,67 @@
+"""Every shipped DeepSpeed config: known keys, consistent batch sizes, an existing preset, one precision."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from adaptive_ds.presets import PRESETS, model_config, parameter_counts
+from adaptive_ds.training.arguments import ConfigError, check_precision, parse
+
+CONFIGS = sorted((ROOT / "ds_configs").glob("*.json"))
+DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                  "gradient_clipping", "optimizer", "scheduler", "zero_optimization", "fp16", "bf16",
+                  "steps_per_print", "wall_clock_breakdown", "activation_checkpointing", "checkpoint"}
+
+
+def _world_size(path: Path) -> int:
+    return 8 if "8gpu" in path.name else 1
+
+
+def test_the_issue_s_configs_are_all_there():
+    names = {p.name for p in CONFIGS}
+    assert {"debug_cpu.json", "debug_200m_t4.json", "b1_t4.json", "b1_a100.json", "b1_h100.json",
+            "b7_a100_40gb_offload.json", "b7_8gpu.json", "b7_moe_8gpu.json"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_is_valid(path):
+    raw = json.loads(path.read_text())
+    assert set(raw) - {"adaptive_ds"} <= DEEPSPEED_KEYS, set(raw) - DEEPSPEED_KEYS
+    settings, ds_config = parse(["--ds_config", str(path)], _world_size(path))  # validates our block
+    assert settings.preset in PRESETS
+    micro, accum = ds_config["train_micro_batch_size_per_gpu"], ds_config.get("gradient_accumulation_steps", 1)
+    if "train_batch_size" in ds_config:
+        assert ds_config["train_batch_size"] == micro * accum * _world_size(path)
+    assert not (ds_config.get("fp16", {}).get("enabled") and ds_config.get("bf16", {}).get("enabled"))
+    if "_t4" in path.name:
+        assert ds_config["fp16"]["enabled"] and not ds_config.get("bf16", {}).get("enabled")
+    if settings.preset != "debug":  # ~512K tokens per optimizer step
+        tokens = micro * accum * _world_size(path) * PRESETS[settings.preset].seq_len
+        assert 480_000 <= tokens <= 540_000
+
+
+def test_b1_t4_offloads_the_optimizer_with_zero_2_and_checkpoints_activations():
+    settings, ds_config = parse(["--ds_config", str(ROOT / "ds_configs" / "b1_t4.json")], 1)
+    zero = ds_config["zero_optimization"]
+    assert zero["stage"] == 2 and zero["offload_optimizer"]["device"] == "cpu"
+    assert settings.activation_checkpointing
+
+
+def test_moe_configs_avoid_zero_3_and_split_the_experts():
+    settings, ds_config = parse(["--ds_config", str(ROOT / "ds_configs" / "b7_moe_8gpu.json")], 8)
+    assert ds_config["zero_optimization"]["stage"] == 2 and settings.model["moe_ep_size"] == 8
+    config = model_config("b7", "moe", 32000, moe_ep_size=8)
+    assert parameter_counts(config).total > 30e9
+    with pytest.raises(ConfigError, match="does not run under ZeRO-3"):
+        parse(["--ds_config", str(ROOT / "ds_configs" / "b7_8gpu.json"), "--arch", "hybrid"], 8)
+
+
+def test_bf16_is_refused_below_compute_capability_8():
+    bf16 = {"bf16": {"enabled": True}}
+    with pytest.raises(ConfigError, match="compute capability 8.0 or newer; this one is 7.5"):
+        check_precision(bf16, (7, 5))
+    check_precision(bf16, (8, 0))
+    check_precision({"fp16": {"enabled": True}}, (7, 5))
+    check_precision(bf16, None)  # CPU
