@@ -1,6 +1,7 @@
 """Side-by-side training throughput of the architectures at one preset, through the DeepSpeed engine.
 
     python -m adaptive_ds.benchmark --preset debug --steps 20 --rounds 3 --out bench.json
+    python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1
 
 Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in
 interleaved rounds in one process, so drift in the machine's speed hits them alike; the reported tokens/s is
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
 import statistics
 import time
 
@@ -110,6 +112,42 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch
             "torch": torch.__version__, "deepspeed": deepspeed.__version__, "results": results, "ratios": ratios}
 
 
+def measure_peak_memory(preset: str, arch: str, micro_batch: int, checkpointing: bool, vocab_size: int = 128,
+                        steps: int = 2) -> dict:
+    """Peak memory of training steps through DeepSpeed (fp32, ZeRO-1), beside the planner's prediction.
+
+    On CUDA the allocator's peak; on CPU the process's peak resident set minus its resident set before the
+    model was built (the Python, torch and DeepSpeed runtime is not the model's).
+    """
+    import psutil
+
+    from .plan import plan
+
+    distributed.init_distributed()
+    baseline = psutil.Process().memory_info().rss
+    seq_len = PRESETS[preset].seq_len
+    config = model_config(preset, arch, vocab_size, moe_drop_tokens=False)
+    model = AdaptiveDSForCausalLM(config)
+    model.model.gradient_checkpointing = checkpointing
+    ds_config = _ds_config(micro_batch, "fp32")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=ds_config)
+    for _ in range(steps):
+        ids = torch.randint(0, vocab_size, (micro_batch, seq_len), device=engine.device)
+        out = engine(input_ids=ids, labels=ids)
+        engine.backward(out.loss)
+        engine.step()
+    if torch.cuda.is_available():
+        measured = torch.cuda.max_memory_allocated()
+    else:
+        measured = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
+    predicted = plan(preset, arch, "h200", ds_config, vocab_size=vocab_size, activation_checkpointing=checkpointing,
+                     model_overrides={"moe_drop_tokens": False}, cpu_process=not torch.cuda.is_available()).peak_gib
+    return {"preset": preset, "arch": arch, "micro_batch": micro_batch, "seq_len": seq_len,
+            "activation_checkpointing": checkpointing, "precision": "fp32", "zero_stage": 1,
+            "device": "cuda" if torch.cuda.is_available() else "cpu", "measured_gib": measured / 2**30,
+            "predicted_gib": predicted, "error": predicted / (measured / 2**30) - 1}
+
+
 def _table(report: dict) -> str:
     lines = [f"{report['preset']} on {report['device']}, {report['precision']}, micro-batch {report['micro_batch']} "
              f"x seq {report['seq_len']}, median of {report['rounds']} rounds x {report['steps_per_round']} steps",
@@ -132,8 +170,15 @@ def main(argv: list[str] | None = None) -> None:
                    choices=["fp32", "bf16", "fp16"])
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--out", help="write the report as JSON here")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: measure one case's peak memory (--cases ARCH) beside the planner's prediction")
+    p.add_argument("--checkpointing", action="store_true", help="with --memory: activation checkpointing")
     args = p.parse_args(argv)
     distributed.setup_logging(logging.WARNING)
+    if args.memory:
+        print(json.dumps(measure_peak_memory(args.preset, args.cases[0], args.micro_batch, args.checkpointing),
+                         indent=2))
+        return
     report = run_benchmark(args.preset, args.steps, args.rounds, args.warmup, args.micro_batch, args.precision,
                            args.cases)
     print(_table(report))

@@ -1,0 +1,275 @@
+"""Memory and throughput planner: does a preset fit a GPU, how fast can it run, what does it cost?
+
+    python -m adaptive_ds.plan --preset b1 --arch moe --gpu t4 [--ds_config F] [--gpus N] [--tokens N]
+
+Everything here is a projection from a stated model, not a measurement:
+
+- model states per GPU: bytes per parameter for weights and gradients in the training precision, and 16 for
+  DeepSpeed's ZeRO optimizer (fp32 master copy, fp32 gradient partition, Adam's two moments), divided over
+  the data-parallel ranks as the ZeRO stage partitions them (1: optimizer, 2: + gradients, 3: + weights);
+  experts are split over `ep_size` first and their states partitioned over the remaining data-parallel ranks;
+  offloaded optimizer states (ZeRO-Offload) sit in CPU RAM instead;
+- activations per token and layer, counted from the block's saved tensors (half precision bytes): attention
+  8h + 4kv (norm input and output, q/k/v, attention output; SDPA keeps no score matrix), SwiGLU 4h + 8f
+  (norm input and output, gate, up, silu, product); an MoE MLP stores k expert passes; a MoD-routed block
+  stores its routed share; with activation checkpointing each layer keeps its 2h input and one layer's full
+  set is live during its recomputation; logits 6 bytes per vocabulary entry per token (half logits and the
+  fp32 loss's upcast);
+- FLOPs per token: `adaptive_ds.flops` (6 x active parameters + attention); tokens/s upper bound = peak
+  dense TFLOP/s / FLOPs per token, and a projection at a stated MFU.
+
+`validation_table()` compares predicted peaks with measured ones (BENCHMARKS.md records the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+
+from .flops import training_flops_per_token
+from .hardware import PEAK_TFLOPS
+from .models.configuration import AdaptiveDSConfig
+from .presets import PRESETS, model_config, parameter_counts
+
+GIB = 2**30
+GPU_MEMORY_GIB = {"t4": 15.0, "rtx4090": 24.0, "a100": 80.0, "a100_40gb": 40.0, "h100": 80.0, "h200": 141.0}
+PRICE_PER_HOUR = {"t4": 0.35, "rtx4090": 0.69, "a100": 1.79, "a100_40gb": 1.29, "h100": 2.99, "h200": 3.79}
+
+
+def _peak(gpu: str) -> float:
+    return PEAK_TFLOPS["a100" if gpu.startswith("a100") else gpu]
+
+
+@dataclass
+class Layout:
+    """What the DeepSpeed config says about memory."""
+
+    micro_batch: int
+    zero_stage: int
+    offload_optimizer: bool
+    half_precision: bool
+    activation_checkpointing: bool
+
+    @classmethod
+    def from_ds_config(cls, ds_config: dict, activation_checkpointing: bool) -> Layout:
+        zero = ds_config.get("zero_optimization", {})
+        return cls(micro_batch=ds_config.get("train_micro_batch_size_per_gpu", 1), zero_stage=zero.get("stage", 0),
+                   offload_optimizer=zero.get("offload_optimizer", {}).get("device") == "cpu",
+                   half_precision=bool(ds_config.get("fp16", {}).get("enabled")
+                                       or ds_config.get("bf16", {}).get("enabled")),
+                   activation_checkpointing=activation_checkpointing)
+
+
+def expert_parameters(config: AdaptiveDSConfig) -> int:
+    layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
+    return layers * config.num_local_experts * 3 * config.hidden_size * config.intermediate_size
+
+
+def model_state_bytes(config: AdaptiveDSConfig, layout: Layout, gpus: int) -> tuple[float, float]:
+    """(GPU bytes, CPU bytes) of weights, gradients and optimizer states on one rank.
+
+    Per parameter: the weights and their gradients in the training precision; DeepSpeed's ZeRO optimizer then
+    keeps an fp32 master copy, an fp32 gradient partition and Adam's two moments (16 bytes), whatever the
+    precision. Without ZeRO, fp32 training keeps only Adam's moments beside the weights.
+    """
+    total = parameter_counts(config).total
+    experts = expert_parameters(config)
+    ep = config.moe_ep_size if config.uses_moe else 1
+    # (parameters on this rank, ranks sharing their ZeRO partitions)
+    groups = [(total - experts, gpus), (experts / ep, max(1, gpus // ep))]
+    w = g = 2 if layout.half_precision else 4
+    opt = 16 if layout.zero_stage >= 1 or layout.half_precision else 8
+    gpu = cpu = 0.0
+    for params, dp in groups:
+        gpu += params * w / (dp if layout.zero_stage >= 3 else 1)
+        gpu += params * g / (dp if layout.zero_stage >= 2 else 1)
+        optimizer = params * opt / (dp if layout.zero_stage >= 1 else 1)
+        if layout.offload_optimizer:
+            cpu += optimizer
+        else:
+            gpu += optimizer
+    return gpu, cpu
+
+
+def activation_bytes(config: AdaptiveDSConfig, layout: Layout, seq_len: int, checkpointing: bool) -> float:
+    """Activation memory of one micro-batch on one rank, at its peak."""
+    h, f = config.hidden_size, config.intermediate_size
+    kv = config.num_key_value_heads * config.head_dim
+    scale = 1 if layout.half_precision else 2  # bytes counted for half precision
+    tokens = layout.micro_batch * seq_len
+    per_layer = []
+    for i in range(config.num_hidden_layers):
+        mlp = (4 * h + 8 * f * config.num_experts_per_tok) if config.is_moe_layer(i) else (4 * h + 8 * f)
+        full = 8 * h + 4 * kv + mlp
+        if config.is_mod_layer(i):
+            full = full * config.mod_capacity + 2 * h  # routed share, plus the skipped tokens' residual
+        per_layer.append(full * tokens * scale)
+    logits = tokens * config.vocab_size * 6 * scale
+    if checkpointing:
+        return config.num_hidden_layers * 2 * h * tokens * scale + max(per_layer) + logits
+    return sum(per_layer) + logits
+
+
+@dataclass
+class Plan:
+    preset: str
+    arch: str
+    gpu: str
+    gpus: int
+    total_parameters: int
+    active_parameters: int
+    model_states_gib: float
+    cpu_states_gib: float
+    activations_gib: float
+    activations_without_checkpointing_gib: float
+    activations_with_checkpointing_gib: float
+    peak_gib: float
+    gpu_memory_gib: float
+    fits: bool
+    advice: str
+    flops_per_token: float
+    tokens_per_s_bound: float
+    tokens_per_s_projected: float
+    mfu: float
+    tokens: int
+    hours: float
+    cost_usd: float
+    price_per_gpu_hour: float
+
+
+def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, tokens: int | None = None,
+         mfu: float = 0.35, price: float | None = None, vocab_size: int = 32000,
+         activation_checkpointing: bool = False, model_overrides: dict | None = None,
+         cpu_process: bool = False) -> Plan:
+    """`cpu_process`: predict a CPU process's peak resident memory instead of a GPU allocator's peak. It adds the
+    copy of the weights that exists while DeepSpeed flattens them into its contiguous buffer: a GPU allocator
+    frees it before the training peak, but the C allocator keeps it in the process."""
+    seq_len = PRESETS[preset].seq_len
+    config = model_config(preset, arch, vocab_size, **(model_overrides or {}))
+    layout = Layout.from_ds_config(ds_config, activation_checkpointing)
+    counts = parameter_counts(config)
+    states_gpu, states_cpu = model_state_bytes(config, layout, gpus)
+    if cpu_process:
+        states_gpu += counts.total * (2 if layout.half_precision else 4)
+    without = activation_bytes(config, layout, seq_len, checkpointing=False)
+    with_ckpt = activation_bytes(config, layout, seq_len, checkpointing=True)
+    activations = with_ckpt if activation_checkpointing else without
+    peak = (states_gpu + activations) / GIB
+    capacity = GPU_MEMORY_GIB[gpu]
+    fits = peak <= capacity
+    advice = "fits" if fits else _advice(layout, peak, capacity, with_ckpt, states_gpu)
+    flops = training_flops_per_token(config, seq_len)
+    bound = gpus * _peak(gpu) * 1e12 / flops
+    projected = bound * mfu
+    tokens = tokens if tokens is not None else 20 * counts.total  # Chinchilla (Hoffmann et al. 2022)
+    hours = tokens / projected / 3600
+    price = price if price is not None else PRICE_PER_HOUR[gpu]
+    return Plan(preset, arch, gpu, gpus, counts.total, counts.active, states_gpu / GIB, states_cpu / GIB,
+                activations / GIB, without / GIB, with_ckpt / GIB, peak, capacity, fits, advice, flops, bound,
+                projected, mfu, tokens, hours, hours * gpus * price, price)
+
+
+def _advice(layout: Layout, peak: float, capacity: float, with_ckpt: float, states: float) -> str:
+    steps = []
+    if not layout.activation_checkpointing:
+        steps.append(f"enable activation checkpointing (activations {with_ckpt / GIB:.1f} GiB)")
+    if layout.micro_batch > 1:
+        steps.append("lower the micro-batch (raise accumulation to keep the global batch)")
+    if not layout.offload_optimizer:
+        steps.append("offload the optimizer to CPU (ZeRO-Offload)")
+    if layout.zero_stage < 3:
+        steps.append("raise the ZeRO stage and use more GPUs")
+    return f"does not fit ({peak:.1f} > {capacity:.0f} GiB): " + "; ".join(steps or ["use a larger GPU"])
+
+
+# Measured peaks. GPU rows: shared/anchors (t4_fit.py, a 1.10B Llama = b1 dense with vocab 32000, in a 15 GiB
+# slice of an H200, torch.cuda.max_memory_allocated). CPU rows: `python -m adaptive_ds.benchmark --memory
+# --preset debug_200m --cases ARCH --micro_batch N [--checkpointing]` on the 2-core CPU machine (fp32, ZeRO-1,
+# embedded vocab 128; peak RSS minus the RSS before the model was built), 2026-11-30.
+MEASURED = [
+    {"device": "cuda", "preset": "b1", "arch": "dense", "vocab_size": 32000, "checkpointing": True, "gib": 4.76,
+     "ds_config": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
+                   "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+     "source": "shared/anchors/t4_fit_mb1.json (H200 capped at 15 GiB)"},
+    {"device": "cuda", "preset": "b1", "arch": "dense", "vocab_size": 32000, "checkpointing": True, "gib": 5.98,
+     "ds_config": {"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": True},
+                   "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+     "source": "shared/anchors/t4_fit_mb4.json (H200 capped at 15 GiB)"},
+    {"device": "cpu", "preset": "debug_200m", "arch": "dense", "vocab_size": 128, "checkpointing": False,
+     "gib": 5.72, "ds_config": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}},
+     "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1"},
+    {"device": "cpu", "preset": "debug_200m", "arch": "mod", "vocab_size": 128, "checkpointing": True,
+     "gib": 4.40, "ds_config": {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}},
+     "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases mod --micro_batch 2 "
+               "--checkpointing"},
+]
+
+
+def validation_table() -> list[dict]:
+    """Predicted against measured peak memory for every measured configuration."""
+    rows = []
+    for m in MEASURED:
+        p = plan(m["preset"], m["arch"], "h200", m["ds_config"], vocab_size=m["vocab_size"],
+                 activation_checkpointing=m["checkpointing"], model_overrides={"moe_drop_tokens": False},
+                 cpu_process=m["device"] == "cpu")
+        rows.append({"device": m["device"], "preset": m["preset"], "arch": m["arch"],
+                     "micro_batch": m["ds_config"]["train_micro_batch_size_per_gpu"],
+                     "checkpointing": m["checkpointing"], "predicted_gib": round(p.peak_gib, 2),
+                     "measured_gib": m["gib"], "error": round(p.peak_gib / m["gib"] - 1, 3), "source": m["source"]})
+    return rows
+
+
+def format_plan(p: Plan) -> str:
+    return "\n".join([
+        f"{p.preset} {p.arch} on {p.gpus} x {p.gpu} (projection from the planner's model, not a measurement)",
+        f"  parameters: {p.total_parameters:,} total, {p.active_parameters:,} active",
+        f"  model states per GPU: {p.model_states_gib:.2f} GiB; in CPU RAM (offload): {p.cpu_states_gib:.2f} GiB",
+        f"  activations per GPU: {p.activations_without_checkpointing_gib:.2f} GiB without checkpointing, "
+        f"{p.activations_with_checkpointing_gib:.2f} GiB with",
+        f"  predicted peak: {p.peak_gib:.2f} GiB of {p.gpu_memory_gib:.0f} GiB -> {p.advice}",
+        f"  training FLOPs per token: {p.flops_per_token / 1e9:.2f} GFLOP",
+        f"  tokens/s: at most {p.tokens_per_s_bound:,.0f} (peak {_peak(p.gpu):.0f} TFLOP/s per GPU); "
+        f"projected {p.tokens_per_s_projected:,.0f} at {100 * p.mfu:.0f}% MFU",
+        f"  {p.tokens:,} tokens: {p.hours:,.1f} h, ${p.cost_usd:,.0f} at ${p.price_per_gpu_hour:.2f}/GPU-hour; "
+        f"${p.cost_usd / p.tokens * 1e9:,.2f} per 1B tokens",
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    from .training.arguments import ConfigError, _load_json  # the same ds_config reader as training
+
+    p = argparse.ArgumentParser(description="Project memory, speed and cost of a preset on a GPU.")
+    p.add_argument("--preset", choices=list(PRESETS))
+    p.add_argument("--arch", default="dense", choices=["dense", "moe", "mod", "hybrid"])
+    p.add_argument("--gpu", choices=list(GPU_MEMORY_GIB))
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--ds_config", help="DeepSpeed config (default: fp16, ZeRO-2, micro-batch 1)")
+    p.add_argument("--tokens", type=int, help="token budget (default: 20 x total parameters)")
+    p.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed for the projection")
+    p.add_argument("--price", type=float, help="$ per GPU-hour (default: the table in adaptive_ds/plan.py)")
+    p.add_argument("--vocab_size", type=int, default=32000)
+    p.add_argument("--validate", action="store_true", help="print predicted vs measured peaks")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    if args.validate:
+        print(json.dumps(validation_table(), indent=2))
+        return
+    if not args.preset or not args.gpu:
+        p.error("--preset and --gpu are required (or --validate)")
+    try:
+        raw = _load_json(args.ds_config) if args.ds_config else {
+            "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
+    block = raw.get("adaptive_ds", {})
+    result = plan(args.preset, args.arch, args.gpu, raw, args.gpus, args.tokens, args.mfu, args.price,
+                  args.vocab_size, bool(block.get("activation_checkpointing")), block.get("model"))
+    print(json.dumps(result.__dict__, indent=2) if args.json else format_plan(result))
+    if not math.isfinite(result.peak_gib):
+        raise SystemExit("error: the plan is not finite")
+
+
+if __name__ == "__main__":
+    main()
