@@ -21,9 +21,14 @@ def tiny_config(arch: str, **overrides) -> AdaptiveDSConfig:
     return AdaptiveDSConfig(**fields)
 
 
+# Set in this process by in-process runs (a world of one); a child must start its own process group.
+DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def run_command(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
     """Run a command from the repository root with the test's Python first on PATH."""
-    full_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    full_env = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                 "PYTHONUNBUFFERED": "1", **env}
     return subprocess.run(args, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, run_command
+from conftest import DISTRIBUTED_VARIABLES, ROOT, run_command
 
 from adaptive_ds.training import train
 from adaptive_ds.training.checkpoint import CheckpointError, latest_tag
@@ -53,7 +53,9 @@ def test_a_killed_run_started_again_logs_the_same_losses(tmp_path):
     assert run_command([*command, str(reference)]).returncode == 0
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([*command, str(killed)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    proc = subprocess.Popen([*command, str(killed)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while (latest_tag(str(killed)) or "") < "step00000010" and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
