@@ -5,9 +5,10 @@
     python -m adaptive_ds.export --to mixtral SRC OUT_DIR           # dropless top-2 MoE -> MixtralForCausalLM
 
 CHECKPOINT is a run's OUTPUT_DIR (its latest checkpoint), OUTPUT_DIR/checkpoints, or one checkpoint tag
-directory. DeepSpeed's files are consolidated: the module states (full under ZeRO-1/2) and the one file per
-expert that DeepSpeed's MoE checkpoint layout writes from every expert-parallel rank. Weights are exported in
-the precision the module trained in. SRC for a conversion is a checkpoint or a `save_pretrained` folder.
+directory. DeepSpeed's files are consolidated: the module states (full under ZeRO-1/2; under ZeRO-3 the fp32
+partitions of every rank, through DeepSpeed's zero_to_fp32) and the one file per expert that DeepSpeed's MoE
+checkpoint layout writes from every expert-parallel rank. Weights are exported in the precision the module
+trained in (fp32 from ZeRO-3). SRC for a conversion is a checkpoint or a `save_pretrained` folder.
 
 The adaptive_ds folder also carries the model's source files and an `auto_map`, so users without this package
 load it with `trust_remote_code=True` (they still need deepspeed for MoE models: the experts are its layers).
@@ -24,6 +25,7 @@ import shutil
 import sys
 
 import torch
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from .models import AdaptiveDSConfig, AdaptiveDSForCausalLM
@@ -40,8 +42,15 @@ def load_checkpoint(path: str) -> tuple[AdaptiveDSForCausalLM, object]:
     try:
         with open(os.path.join(tag_dir, "run.json")) as f:
             run = json.load(f)
-        module = torch.load(os.path.join(tag_dir, "mp_rank_00_model_states.pt"), map_location="cpu",
-                            weights_only=False)["module"]
+        name = "mp_rank_00_model_states.pt"
+        if not os.path.exists(os.path.join(tag_dir, name)):
+            name = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO-3 writes one per rank
+        states = torch.load(os.path.join(tag_dir, name), map_location="cpu", weights_only=False)
+        if states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0) == 3:
+            # ZeRO-3 keeps each parameter only in its ranks' fp32 partitions: reassemble them
+            module = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(tag_dir), os.path.basename(tag_dir))
+        else:
+            module = states["module"]
         for expert_file in sorted(glob.glob(os.path.join(tag_dir, "layer_*_expert_*_mp_rank_00_model_states.pt"))):
             module.update(torch.load(expert_file, map_location="cpu", weights_only=False))
     except (OSError, RuntimeError, EOFError, KeyError, json.JSONDecodeError) as e:

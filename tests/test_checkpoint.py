@@ -20,7 +20,7 @@ def _config(tmp_path, **block):
         "adaptive_ds": {"preset": "debug", "max_steps": 20, "warmup_steps": 3, "log_steps": 1, "eval_batches": 1,
                         "save_steps": 5, **block},
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8,
                                                   "weight_decay": 0.1}},
         "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
     }

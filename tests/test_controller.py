@@ -13,7 +13,7 @@ def _config(tmp_path, micro=8, accum=1, controller=None, **block):
         "adaptive_ds": {"preset": "debug", "max_steps": 6, "warmup_steps": 1, "log_steps": 1, "eval_batches": 1,
                         "save_steps": 2, "controller": controller or {}, **block},
         "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum, "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8}},
         "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
     }
     path = tmp_path / f"ds{len(list(tmp_path.glob('ds*.json')))}.json"
@@ -150,3 +150,27 @@ def test_mod_capacity_moves_toward_a_flops_target_within_bounds(tmp_path):
     capacities = [m["mod"]["capacity"] for m in _jsonl(out / "metrics.jsonl")]
     assert capacities[0] == 0.5 and capacities[-1] < capacities[0] and min(capacities) >= 0.25
     assert all(d["action"] == "adjust MoD capacity" for d in _jsonl(out / "decisions.jsonl"))
+
+
+def test_fp16_overflow_steps_are_counted_and_bounded(tmp_path):
+    from adaptive_ds.training.controller import Controller, ControllerSettings, ControllerState
+
+    controller = Controller(ControllerSettings(max_overflow_steps=3), ControllerState(4, 1), str(tmp_path))
+    for step, skipped in enumerate([True, True, False, True, True, True], start=1):
+        controller.observe_overflow(step, skipped)  # a clean step resets the run of overflows
+    with pytest.raises(TrainingStopped, match="4 fp16 overflow steps in a row"):
+        controller.observe_overflow(7, True)
+    controller.close()
+    assert _jsonl(tmp_path / "decisions.jsonl")[-1]["trigger"] == {"overflow_steps_in_a_row": 4}
+
+
+def test_experts_that_stay_dead_are_reported_once(tmp_path):
+    from adaptive_ds.training.controller import Controller, ControllerSettings, ControllerState
+
+    controller = Controller(ControllerSettings(balance_windows=2, balance_threshold=0.0), ControllerState(4, 1),
+                            str(tmp_path))
+    for step in (1, 2, 3):
+        controller.observe_routing(step, {"load_balance": 0.9, "dead_experts": ["0:5"]}, 0.01)
+    controller.close()
+    (report,) = _jsonl(tmp_path / "decisions.jsonl")
+    assert report["action"] == "report dead expert" and report["trigger"] == {"dead_expert": "0:5", "windows": 2}

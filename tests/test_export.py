@@ -20,7 +20,7 @@ def moe_run(tmp_path_factory):
         "adaptive_ds": {"preset": "debug", "arch": "moe", "max_steps": 3, "warmup_steps": 1, "log_steps": 3,
                         "eval_batches": 1},
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8}},
         "zero_optimization": {"stage": 2}, "steps_per_print": 10**6,
     }
     (tmp / "ds.json").write_text(json.dumps(config))
@@ -106,3 +106,25 @@ def test_generate_cli_samples_from_a_checkpoint(moe_run, capsys):
                    "--top_k", "5", "--top_p", "0.9"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("[count] 3 4") and 3 < len(line.split()) <= 7  # generation may stop at <eos>
+
+
+@pytest.mark.slow
+def test_zero3_shards_are_gathered_for_final_and_export(tmp_path):
+    config = {
+        "adaptive_ds": {"preset": "debug", "max_steps": 2, "warmup_steps": 1, "log_steps": 1, "eval_batches": 1},
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": 3}, "steps_per_print": 10**6,
+    }
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    out = tmp_path / "run"
+    result = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config",
+                          str(tmp_path / "ds.json"), "--output_dir", str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    main([str(out), str(tmp_path / "exported")])
+    final = AutoModelForCausalLM.from_pretrained(out / "final")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    summary = json.loads((out / "summary.json").read_text())
+    assert sum(p.numel() for p in final.parameters()) == summary["total_parameters"]
+    ids = torch.randint(5, 100, (1, 12))
+    torch.testing.assert_close(_logits(exported, ids), _logits(final, ids), rtol=0, atol=0)

@@ -30,7 +30,7 @@ def _config(tmp_path, **block):
         "adaptive_ds": {"preset": "debug", "arch": "moe", "max_steps": 4, "warmup_steps": 1, "log_steps": 2,
                         "eval_batches": 1, **block},
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}, "steps_per_print": 10**6,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}}, "steps_per_print": 10**6,
     }
     (tmp_path / "ds.json").write_text(json.dumps(config))
     return str(tmp_path / "ds.json")

@@ -83,7 +83,7 @@ def test_training_on_local_c4_shards_writes_the_contract(tmp_path):
         "adaptive_ds": {"preset": "debug", "data": path, "tokenizer": "bpe:320", "validation_share": 0.2,
                         "max_steps": 3, "warmup_steps": 1, "log_steps": 1, "eval_batches": 1},
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8}},
         "steps_per_print": 10**6,
     }
     (tmp_path / "ds.json").write_text(json.dumps(config))
@@ -99,9 +99,30 @@ def test_token_budget_sets_the_steps(tmp_path):
         "adaptive_ds": {"preset": "debug", "data": path, "tokenizer": "bpe:320", "tokens": "2000",
                         "warmup_steps": 1, "log_steps": 1, "eval_batches": 1},
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}, "steps_per_print": 10**6,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}}, "steps_per_print": 10**6,
     }
     (tmp_path / "ds.json").write_text(json.dumps(config))
     summary = train(["--ds_config", str(tmp_path / "ds.json"), "--output_dir", str(tmp_path / "run"),
                      "--epochs", "2"])
     assert summary["steps"] == 4  # ceil(2000 / (2 x 256))
+
+
+def test_a_hub_name_goes_to_the_hub_loader_offline(monkeypatch):
+    # No network in tests: with the Hub switched off, the Hub branch must fail inside `datasets`' Hub
+    # resolution for exactly the name and config given (a local path would never get there).
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    calls = []
+    real = datasets.load_dataset
+
+    def recording(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("adaptive_ds.data.text.load_dataset", recording)
+    with pytest.raises(Exception) as error:
+        next(open_documents("allenai/c4", hub_config="en"))
+    assert calls == [(("allenai/c4", "en"), {"split": "train", "streaming": True})]
+    assert "allenai/c4" in str(error.value) or "offline" in str(error.value).lower()

@@ -18,7 +18,7 @@ def _tiny_ds_config(tmp_path, micro=4, accum=2, **block):
         "adaptive_ds": {"preset": "debug", "max_steps": 4, "warmup_steps": 2, "log_steps": 2, "eval_batches": 2,
                         **block},
         "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum, "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8,
                                                   "weight_decay": 0.1}},
         "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
     }

@@ -1,4 +1,4 @@
-"""Writing the final model: a `save_pretrained` folder with every expert, whatever the expert parallelism."""
+"""Writing the final model: a `save_pretrained` folder with every expert and every ZeRO-3 shard gathered."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import copy
 import logging
 import re
 
+import deepspeed
 import torch.distributed as dist
 from deepspeed.utils import groups
 from transformers import PreTrainedTokenizerBase
@@ -35,13 +36,27 @@ def _gather_experts(model: AdaptiveDSForCausalLM) -> dict:
     return {k: v for shard in shards for k, v in shard.items()}
 
 
-def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase, path: str, is_writer: bool) -> None:
+def _gather_zero3(model: AdaptiveDSForCausalLM, is_writer: bool) -> dict | None:
+    """ZeRO-3 partitions every parameter over the ranks: gather them (collective) into a full state dict."""
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if is_writer else None
+
+
+def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase, path: str, is_writer: bool,
+               zero_stage: int = 0) -> None:
     """Save `model` and `tokenizer` for `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(path)`.
 
     Collective when experts are split over ranks (every rank must call it); only `is_writer` writes.
     The saved config has `moe_ep_size` 1, so the folder loads in a single process.
     """
-    if model.config.uses_moe and model.config.moe_ep_size > 1:
+    if zero_stage == 3:
+        state = _gather_zero3(model, is_writer)
+        if not is_writer:
+            return
+        full = AdaptiveDSForCausalLM(model.config)
+        full.load_state_dict(state, strict=True)
+        model = full.to(next(iter(state.values())).dtype)
+    elif model.config.uses_moe and model.config.moe_ep_size > 1:
         state = _gather_experts(model)
         if not is_writer:
             return

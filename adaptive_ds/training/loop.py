@@ -213,7 +213,8 @@ def _save(run: Run, step: int, train_loss: float) -> None:
     checkpoint.save(run.engine, run.output_dir, step, state, run.settings.keep_last, run.data.tokenizer)
     if run.settings.push_to_hub and run.settings.push_every_save and step < run.settings.max_steps:
         staging = os.path.join(run.output_dir, "checkpoints", "hub_snapshot")
-        save_final(run.engine.module, run.data.tokenizer, staging, is_writer=distributed.rank() == 0)
+        save_final(run.engine.module, run.data.tokenizer, staging, is_writer=distributed.rank() == 0,
+                   zero_stage=run.engine.zero_optimization_stage())
         if run.pusher:
             card = model_card({**_card_facts(run), "steps": step, "tokens_seen": step * run.tokens_per_step,
                                "train_loss": train_loss}, _command())
@@ -256,7 +257,7 @@ def train(argv: list[str] | None = None, hub_api=None) -> dict:
     if start_step < run.settings.max_steps:
         _save(run, run.settings.max_steps, summary["train_loss"])
     save_final(run.engine.module, run.data.tokenizer, os.path.join(run.output_dir, "final"),
-               is_writer=distributed.rank() == 0)
+               is_writer=distributed.rank() == 0, zero_stage=run.engine.zero_optimization_stage())
     val_loss = summary["validation_loss"]
     summary.update(
         preset=run.settings.preset, arch=run.settings.arch, world_size=distributed.world_size(),
