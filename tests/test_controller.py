@@ -174,3 +174,34 @@ def test_experts_that_stay_dead_are_reported_once(tmp_path):
     controller.close()
     (report,) = _jsonl(tmp_path / "decisions.jsonl")
     assert report["action"] == "report dead expert" and report["trigger"] == {"dead_expert": "0:5", "windows": 2}
+
+
+@pytest.mark.slow
+def test_a_kill_during_controller_decisions_leaves_a_resumable_run(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import DISTRIBUTED_VARIABLES, ROOT, run_command
+
+    from adaptive_ds.training.checkpoint import latest_tag
+
+    controller = {"faults": {"oom_micro_batch_above": 2, "oom_from_step": 2, "spike_at_step": 7},
+                  "spike_window": 3, "spike_sigma": 3.0}
+    command = [sys.executable, "launchers/train.py", "--ds_config",
+               _config(tmp_path, controller=controller, max_steps=12), "--output_dir", str(tmp_path / "run")]
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while (latest_tag(str(tmp_path / "run")) or "") < "step00000006" and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = run_command(command)
+    assert again.returncode == 0, again.stderr[-2000:]
+    metrics = _jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    assert metrics[-1]["micro_batch"] == 2  # the OOM decision survived the kill through the checkpoint
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
