@@ -147,7 +147,7 @@ def test_two_process_expert_parallel_run_with_the_deepspeed_launcher(tmp_path):
         f"t = AutoTokenizer.from_pretrained({str(out / 'final')!r}); "
         "ids = t('[count] 3 4 5', return_tensors='pt').input_ids; "
         "print(m.config.moe_ep_size, len(m.model.layers[0].mlp.moe.deepspeed_moe.experts.deepspeed_experts), "
-        "m.generate(ids, max_new_tokens=3, do_sample=False).shape[1])")])
+        "m.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False).shape[1])")])
     assert check.returncode == 0, check.stderr[-2000:]
     assert check.stdout.split()[-3:] == ["1", "8", "7"]
     # the DeepSpeed checkpoint (one expert file per expert, from both ranks) exports to the same model
