@@ -6,7 +6,9 @@
 Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in
 interleaved rounds in one process, so drift in the machine's speed hits them alike; the reported tokens/s is
 the median over rounds. Cases: dense; moe (our index-based dispatch); moe_deepspeed (DeepSpeed's stock MoE
-dispatch on the same model and routing, the baseline); mod; hybrid. MFU counts the FLOPs of the tokens
+dispatch on the same model and routing, the baseline); mod; hybrid; and what a user would pick instead, under
+the same DeepSpeed engine: transformers' LlamaForCausalLM (hf_llama) and MixtralForCausalLM (hf_mixtral),
+built from the dense and MoE models' own weights. MFU counts the FLOPs of the tokens
 actually routed (`adaptive_ds.flops`) against the GPU's dense peak; on a CPU, where no peak is defined,
 achieved TFLOP/s is reported instead.
 """
@@ -25,6 +27,7 @@ import torch
 
 from . import distributed
 from .data import build_training_data
+from .export import to_llama, to_mixtral
 from .flops import training_flops_per_token
 from .hardware import PEAK_TFLOPS, detect_gpu
 from .models import AdaptiveDSForCausalLM
@@ -35,12 +38,15 @@ logger = logging.getLogger(__name__)
 
 CASES = {
     "dense": {"arch": "dense"},
+    "hf_llama": {"arch": "dense"},  # transformers' LlamaForCausalLM with the same weights
     "moe": {"arch": "moe"},
     "moe_deepspeed": {"arch": "moe", "moe_dispatch": "deepspeed"},
+    "hf_mixtral": {"arch": "moe"},  # transformers' MixtralForCausalLM with the same weights (dropless top-2)
     "mod": {"arch": "mod"},
     "hybrid": {"arch": "hybrid"},
 }
-RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("hybrid", "moe"))
+RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
+          ("moe", "hf_mixtral"))
 
 
 def _ds_config(micro_batch: int, precision: str) -> dict:
@@ -60,6 +66,10 @@ class Case:
         self.name = name
         self.config = model_config(preset, vocab_size=vocab_size, moe_drop_tokens=False, **CASES[name])
         model = AdaptiveDSForCausalLM(self.config)
+        if name == "hf_llama":
+            model = to_llama(model)
+        elif name == "hf_mixtral":
+            model = to_mixtral(model)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1),
                                                config=_ds_config(micro_batch, precision))
         self.rates: list[float] = []
@@ -76,7 +86,7 @@ class Case:
             self.engine.backward(out.loss)
             self.engine.step()
             tokens += batch["input_ids"].numel()
-            if out.mod_routing:
+            if getattr(out, "mod_routing", None):
                 self.routed = [float(r.routed.float().mean()) for r in out.mod_routing]
         sync()
         self.rates.append(tokens / (time.perf_counter() - start))

@@ -1,0 +1,13 @@
+"""The side-by-side throughput benchmark runs every case through the DeepSpeed engine on CPU."""
+
+from adaptive_ds.benchmark import CASES, RATIOS, run_benchmark
+
+
+def test_benchmark_reports_every_case_and_ratio():
+    report = run_benchmark("debug", steps=1, rounds=2, warmup=1, micro_batch=2, precision="fp32", cases=list(CASES))
+    assert set(report["results"]) == set(CASES)
+    for result in report["results"].values():
+        assert len(result["rounds"]) == 2 and result["tokens_per_s"] > 0 and result["mfu"] is None
+    assert set(report["ratios"]) == {f"{a}/{b}" for a, b in RATIOS}
+    # MoD's FLOPs per token count only the routed tokens
+    assert report["results"]["mod"]["flops_per_token"] < 0.6 * report["results"]["dense"]["flops_per_token"]
