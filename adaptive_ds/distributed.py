@@ -34,6 +34,13 @@ def init_distributed() -> None:
                                auto_mpi_discovery=False)
 
 
+def close() -> None:
+    """Leave the process group together: without it a rank can abort at exit while its peer still tears down."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 

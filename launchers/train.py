@@ -8,6 +8,7 @@
 
 import sys
 
+from adaptive_ds import distributed
 from adaptive_ds.training import ConfigError, train
 from adaptive_ds.training.checkpoint import CheckpointError
 from adaptive_ds.training.controller import TrainingStopped
@@ -15,5 +16,6 @@ from adaptive_ds.training.controller import TrainingStopped
 if __name__ == "__main__":
     try:
         train(sys.argv[1:])
+        distributed.close()
     except (ConfigError, CheckpointError, TrainingStopped) as error:
         sys.exit(f"error: {error}")

@@ -66,7 +66,9 @@ def main() -> None:
             dist.all_reduce(grad)
             grad /= world
         torch.testing.assert_close(grad, ref_grads[local_to_global[name]], rtol=1e-4, atol=1e-6, msg=name)
-    print(f"rank {rank}: loss and gradients match the one-process run")
+    print(f"rank {rank}: loss and gradients match the one-process run", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
