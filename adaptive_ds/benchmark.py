@@ -8,7 +8,9 @@ interleaved rounds in one process, so drift in the machine's speed hits them ali
 the median over rounds. Cases: dense; moe (our index-based dispatch); moe_deepspeed (DeepSpeed's stock MoE
 dispatch on the same model and routing, the baseline); mod; hybrid; and what a user would pick instead, under
 the same DeepSpeed engine: transformers' LlamaForCausalLM (hf_llama) and MixtralForCausalLM (hf_mixtral),
-built from the dense and MoE models' own weights. MFU counts the FLOPs of the tokens
+built from the dense and MoE models' own weights, and HF Llama compiled (hf_llama_compile: `torch.compile`
+through DeepSpeed's `engine.compile()`, inductor), beside ours compiled the same way (dense_compile); the
+compiled cases' warm-up rounds absorb the compilation. MFU counts the FLOPs of the tokens
 actually routed (`adaptive_ds.flops`) against the GPU's dense peak; on a CPU, where no peak is defined,
 achieved TFLOP/s is reported instead.
 """
@@ -38,7 +40,9 @@ logger = logging.getLogger(__name__)
 
 CASES = {
     "dense": {"arch": "dense"},
+    "dense_compile": {"arch": "dense"},  # the same, under torch.compile
     "hf_llama": {"arch": "dense"},  # transformers' LlamaForCausalLM with the same weights
+    "hf_llama_compile": {"arch": "dense"},  # the same, under torch.compile: the strongest dense baseline
     "moe": {"arch": "moe"},
     "moe_deepspeed": {"arch": "moe", "moe_dispatch": "deepspeed"},
     "hf_mixtral": {"arch": "moe"},  # transformers' MixtralForCausalLM with the same weights (dropless top-2)
@@ -46,7 +50,7 @@ CASES = {
     "hybrid": {"arch": "hybrid"},
 }
 RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
-          ("moe", "hf_mixtral"))
+          ("dense", "hf_llama_compile"), ("dense_compile", "hf_llama_compile"), ("moe", "hf_mixtral"))
 
 
 def _ds_config(micro_batch: int, precision: str) -> dict:
@@ -66,12 +70,14 @@ class Case:
         self.name = name
         self.config = model_config(preset, vocab_size=vocab_size, moe_drop_tokens=False, **CASES[name])
         model = AdaptiveDSForCausalLM(self.config)
-        if name == "hf_llama":
+        if name.startswith("hf_llama"):
             model = to_llama(model)
         elif name == "hf_mixtral":
             model = to_mixtral(model)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1),
                                                config=_ds_config(micro_batch, precision))
+        if name.endswith("_compile"):
+            self.engine.compile()
         self.rates: list[float] = []
         self.routed: list[float] = []
 
@@ -96,6 +102,7 @@ class Case:
         flops = training_flops_per_token(self.config, seq_len, self.routed or None)
         achieved = tokens_per_s * flops / 1e12
         return {"tokens_per_s": tokens_per_s, "rounds": self.rates, "flops_per_token": flops,
+                "compiled": self.engine.is_compiled,
                 "achieved_tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None}
 
 

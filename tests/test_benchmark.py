@@ -8,6 +8,7 @@ def test_benchmark_reports_every_case_and_ratio():
     assert set(report["results"]) == set(CASES)
     for result in report["results"].values():
         assert len(result["rounds"]) == 2 and result["tokens_per_s"] > 0 and result["mfu"] is None
+    assert [name for name, r in report["results"].items() if r["compiled"]] == ["dense_compile", "hf_llama_compile"]
     assert set(report["ratios"]) == {f"{a}/{b}" for a, b in RATIOS}
     # MoD's FLOPs per token count only the routed tokens
     assert report["results"]["mod"]["flops_per_token"] < 0.6 * report["results"]["dense"]["flops_per_token"]
