@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,22 @@ def tiny_config(arch: str, **overrides) -> AdaptiveDSConfig:
                   eos_token_id=1, pad_token_id=0)
     fields.update(overrides)
     return AdaptiveDSConfig(**fields)
+
+
+def write_ds_config(directory: Path, micro: int = 2, accum: int = 1, zero_stage: int = 1, **block) -> str:
+    """A tiny CPU training config (fp32, torch AdamW, preset debug) in `directory`; `block` adds to or overrides
+    its ``adaptive_ds`` block. Each call writes a new file, so a test can hold several."""
+    config = {
+        "adaptive_ds": {"preset": "debug", "max_steps": 4, "warmup_steps": 1, "log_steps": 1, "eval_batches": 1,
+                        **block},
+        "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum, "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.1}},
+        "zero_optimization": {"stage": zero_stage}, "steps_per_print": 10**6,
+    }
+    path = Path(directory) / f"ds{len(list(Path(directory).glob('ds*.json')))}.json"
+    path.write_text(json.dumps(config))
+    return str(path)
 
 
 # Set in this process by in-process runs (a world of one); a child must start its own process group.

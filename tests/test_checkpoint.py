@@ -9,24 +9,14 @@ import sys
 import time
 
 import pytest
-from conftest import DISTRIBUTED_VARIABLES, ROOT, run_command
+from conftest import DISTRIBUTED_VARIABLES, ROOT, run_command, write_ds_config
 
 from adaptive_ds.training import train
 from adaptive_ds.training.checkpoint import CheckpointError, latest_tag
 
 
 def _config(tmp_path, **block):
-    config = {
-        "adaptive_ds": {"preset": "debug", "max_steps": 20, "warmup_steps": 3, "log_steps": 1, "eval_batches": 1,
-                        "save_steps": 5, **block},
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                  "weight_decay": 0.1}},
-        "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
-    }
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return write_ds_config(tmp_path, 2, 2, **{"max_steps": 20, "warmup_steps": 3, "save_steps": 5, **block})
 
 
 def _losses(out):

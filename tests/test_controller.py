@@ -3,22 +3,15 @@
 import json
 
 import pytest
+from conftest import write_ds_config
 
 from adaptive_ds.training import train
 from adaptive_ds.training.controller import TrainingStopped
 
 
 def _config(tmp_path, micro=8, accum=1, controller=None, **block):
-    config = {
-        "adaptive_ds": {"preset": "debug", "max_steps": 6, "warmup_steps": 1, "log_steps": 1, "eval_batches": 1,
-                        "save_steps": 2, "controller": controller or {}, **block},
-        "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum, "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8}},
-        "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
-    }
-    path = tmp_path / f"ds{len(list(tmp_path.glob('ds*.json')))}.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return write_ds_config(tmp_path, micro, accum,
+                           **{"max_steps": 6, "save_steps": 2, "controller": controller or {}, **block})
 
 
 def _jsonl(path):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_command, tiny_config
+from conftest import run_command, tiny_config, write_ds_config
 from transformers import AutoModelForCausalLM
 
 from adaptive_ds.export import load_checkpoint, main, mixtral_incompatibility, to_llama, to_mixtral
@@ -16,15 +16,8 @@ from adaptive_ds.training import train
 @pytest.fixture(scope="module")
 def moe_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("moe_run")
-    config = {
-        "adaptive_ds": {"preset": "debug", "arch": "moe", "max_steps": 3, "warmup_steps": 1, "log_steps": 3,
-                        "eval_batches": 1},
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8}},
-        "zero_optimization": {"stage": 2}, "steps_per_print": 10**6,
-    }
-    (tmp / "ds.json").write_text(json.dumps(config))
-    train(["--ds_config", str(tmp / "ds.json"), "--output_dir", str(tmp / "run")])
+    config = write_ds_config(tmp, zero_stage=2, arch="moe", max_steps=3, log_steps=3)
+    train(["--ds_config", config, "--output_dir", str(tmp / "run")])
     return tmp / "run"
 
 
@@ -110,16 +103,10 @@ def test_generate_cli_samples_from_a_checkpoint(moe_run, capsys):
 
 @pytest.mark.slow
 def test_zero3_shards_are_gathered_for_final_and_export(tmp_path):
-    config = {
-        "adaptive_ds": {"preset": "debug", "max_steps": 2, "warmup_steps": 1, "log_steps": 1, "eval_batches": 1},
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
-        "zero_optimization": {"stage": 3}, "steps_per_print": 10**6,
-    }
-    (tmp_path / "ds.json").write_text(json.dumps(config))
+    config = write_ds_config(tmp_path, zero_stage=3, max_steps=2)
     out = tmp_path / "run"
     result = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config",
-                          str(tmp_path / "ds.json"), "--output_dir", str(out)])
+                          config, "--output_dir", str(out)])
     assert result.returncode == 0, result.stderr[-3000:]
     main([str(out), str(tmp_path / "exported")])
     final = AutoModelForCausalLM.from_pretrained(out / "final")

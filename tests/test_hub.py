@@ -1,8 +1,9 @@
 """--push_to_hub against a local stand-in of the Hub API (no network): files, card, failures, no token."""
 
-import json
 import os
 import shutil
+
+from conftest import write_ds_config
 
 from adaptive_ds.hub import HubPusher, model_card
 from adaptive_ds.training import train
@@ -26,14 +27,7 @@ class LocalHub:
 
 
 def _config(tmp_path, **block):
-    config = {
-        "adaptive_ds": {"preset": "debug", "arch": "moe", "max_steps": 4, "warmup_steps": 1, "log_steps": 2,
-                        "eval_batches": 1, **block},
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}}, "steps_per_print": 10**6,
-    }
-    (tmp_path / "ds.json").write_text(json.dumps(config))
-    return str(tmp_path / "ds.json")
+    return write_ds_config(tmp_path, **{"arch": "moe", "log_steps": 2, **block})
 
 
 def test_final_and_save_time_pushes_upload_the_model_and_card(tmp_path, monkeypatch):

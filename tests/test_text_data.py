@@ -6,6 +6,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import write_ds_config
 
 from adaptive_ds.data import build_training_data
 from adaptive_ds.data.text import documents_for, open_documents, token_blocks, train_bpe_tokenizer
@@ -79,30 +80,17 @@ def test_epochs_repeat_a_subset(tmp_path):
 
 def test_training_on_local_c4_shards_writes_the_contract(tmp_path):
     path = _write(tmp_path, "c4")
-    config = {
-        "adaptive_ds": {"preset": "debug", "data": path, "tokenizer": "bpe:320", "validation_share": 0.2,
-                        "max_steps": 3, "warmup_steps": 1, "log_steps": 1, "eval_batches": 1},
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8}},
-        "steps_per_print": 10**6,
-    }
-    (tmp_path / "ds.json").write_text(json.dumps(config))
+    config = write_ds_config(tmp_path, data=path, tokenizer="bpe:320", validation_share=0.2, max_steps=3)
     out = tmp_path / "run"
-    summary = train(["--ds_config", str(tmp_path / "ds.json"), "--output_dir", str(out)])
+    summary = train(["--ds_config", config, "--output_dir", str(out)])
     assert summary["tokens_seen"] == 3 * 2 * 256 and "entropy_floor" not in summary
     assert (out / "final" / "tokenizer.json").exists()
 
 
 def test_token_budget_sets_the_steps(tmp_path):
     path = _write(tmp_path, "txt")
-    config = {
-        "adaptive_ds": {"preset": "debug", "data": path, "tokenizer": "bpe:320", "tokens": "2000",
-                        "warmup_steps": 1, "log_steps": 1, "eval_batches": 1},
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}}, "steps_per_print": 10**6,
-    }
-    (tmp_path / "ds.json").write_text(json.dumps(config))
-    summary = train(["--ds_config", str(tmp_path / "ds.json"), "--output_dir", str(tmp_path / "run"),
+    config = write_ds_config(tmp_path, data=path, tokenizer="bpe:320", tokens="2000")
+    summary = train(["--ds_config", config, "--output_dir", str(tmp_path / "run"),
                      "--epochs", "2"])
     assert summary["steps"] == 4  # ceil(2000 / (2 x 256))
 

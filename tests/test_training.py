@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import DEBUG_CPU, ROOT, run_command
+from conftest import DEBUG_CPU, ROOT, run_command, write_ds_config
 from transformers import AutoModelForCausalLM
 
 from adaptive_ds.models import ARCHITECTURES
@@ -14,17 +14,8 @@ from adaptive_ds.training.optim import parameter_groups, warmup_cosine
 
 
 def _tiny_ds_config(tmp_path, micro=4, accum=2, **block):
-    config = {
-        "adaptive_ds": {"preset": "debug", "max_steps": 4, "warmup_steps": 2, "log_steps": 2, "eval_batches": 2,
-                        **block},
-        "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum, "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                  "weight_decay": 0.1}},
-        "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
-    }
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return write_ds_config(tmp_path, micro, accum,
+                           **{"warmup_steps": 2, "log_steps": 2, "eval_batches": 2, **block})
 
 
 def _read_metrics(out):
@@ -58,6 +49,13 @@ def test_each_architecture_writes_the_output_contract(arch, tmp_path):
         assert key in written
     assert written["arch"] == arch and written["tokens_seen"] == 4 * 4 * 2 * 256
     assert written["final_perplexity"] == pytest.approx(math.exp(written["validation_loss"]))
+    # every phase ran, and the phases (with "other") account for the whole wall time
+    phases = written["time_breakdown_s"]
+    assert all(phases[p] > 0 for p in ("setup", "data", "train", "checkpoint", "eval"))
+    assert phases["other"] >= 0 and sum(v for k, v in phases.items() if k != "total") == pytest.approx(phases["total"])
+    assert written["wall_time_s"] == phases["total"]
+    assert written["training_tokens_per_s"] == pytest.approx(written["tokens_seen"] / phases["train"])
+    assert 0 < metrics[0]["elapsed_s"] < metrics[1]["elapsed_s"] < phases["total"]
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert model.config.arch == arch
     assert sum(p.numel() for p in model.parameters()) == written["total_parameters"]
@@ -184,3 +182,21 @@ def test_default_config_is_the_debug_dense_run():
     config = json.loads((ROOT / "ds_configs" / "debug_cpu.json").read_text())
     assert config["adaptive_ds"]["preset"] == "debug" and DEBUG_CPU.endswith("debug_cpu.json")
     assert torch.tensor(0).device.type == "cpu"
+
+
+def test_the_phase_clock_charges_nested_phases_to_the_inner_one():
+    import time
+
+    from adaptive_ds.training.metrics import PhaseClock
+
+    clock = PhaseClock()
+    with clock.phase("setup"):
+        time.sleep(0.02)
+        with clock.phase("data"):
+            time.sleep(0.05)
+    assert 0.05 <= clock.seconds["data"] < clock.seconds["setup"] + 0.05
+    assert clock.seconds["setup"] < 0.05  # the nested data time is not charged twice
+    assert sum(clock.seconds.values()) <= clock.breakdown()["total"]
+    with pytest.raises(ValueError, match="unknown phase 'io'; one of setup, data, train, checkpoint, eval"):
+        with clock.phase("io"):
+            pass

@@ -30,7 +30,7 @@ from . import checkpoint
 from .arguments import ConfigError, RunSettings, check_precision, parse
 from .controller import Controller, ControllerState, SimulatedOOM, TrainingStopped, controller_settings
 from .final import save_final
-from .metrics import MetricsWriter, RoutingWindow, peak_memory, plot_losses
+from .metrics import MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
 from .optim import parameter_groups, scheduler_factory
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class Run:
     micro: int
     accum: int
     identity: dict  # what a checkpoint must match to be resumed by this run
+    clock: PhaseClock  # where this process's wall time went (summary.json's time_breakdown_s)
     controller: Controller | None = None
     base_lrs: list[float] | None = None  # the schedule's peak learning rates before any controller scaling
     data_steps: int = 0  # step batches this rank has read (rollbacks skip data, so it can exceed the step)
@@ -100,9 +101,10 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> float:
 
 
 def _validation(run: Run, batches: list[dict]) -> dict:
-    losses = {"validation_loss": evaluate(run.engine, batches)}
-    if run.config.uses_mod:
-        losses["validation_loss_topk_routing"] = evaluate(run.engine, batches, "topk")
+    with run.clock.phase("eval"):
+        losses = {"validation_loss": evaluate(run.engine, batches)}
+        if run.config.uses_mod:
+            losses["validation_loss_topk_routing"] = evaluate(run.engine, batches, "topk")
     return losses
 
 
@@ -120,7 +122,7 @@ def _token_budget(settings: RunSettings) -> int | None:
     return int(settings.tokens)
 
 
-def _build(argv: list[str] | None) -> tuple[Run, str | None]:
+def _build(argv: list[str] | None, clock: PhaseClock) -> tuple[Run, str | None]:
     # Validate before joining the process group: bad input should cost nothing and touch nothing.
     settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
     distributed.init_distributed()
@@ -134,9 +136,10 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
     if budget is not None:
         settings.max_steps = max(1, -(-budget // tokens_per_step))
         epoch_blocks = -(-budget // (settings.epochs * world * seq_len)) if settings.epochs > 1 else None
-    data = build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
-                               text_field=settings.text_field, hub_config=settings.data_config,
-                               validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
+    with clock.phase("data"):
+        data = build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
+                                   text_field=settings.text_field, hub_config=settings.data_config,
+                                   validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
     tok = data.tokenizer
     config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id, **settings.model)
@@ -162,7 +165,7 @@ def _build(argv: list[str] | None) -> tuple[Run, str | None]:
                 "world_size": distributed.world_size(), "rows_per_rank_step": micro * accum,
                 "model": config.to_dict()}
     identity = json.loads(json.dumps(identity))  # as it reads back from run.json
-    run = Run(engine, config, settings, data, output_dir, micro, accum, identity,
+    run = Run(engine, config, settings, data, output_dir, micro, accum, identity, clock,
               base_lrs=list(engine.lr_scheduler.base_lrs))
     run.controller = Controller(controller_settings(settings.controller), ControllerState(micro, accum),
                                 output_dir if distributed.rank() == 0 else None)
@@ -237,11 +240,13 @@ def train(argv: list[str] | None = None, hub_api=None) -> dict:
     `hub_api` replaces `huggingface_hub.HfApi()` for --push_to_hub (tests use a local stand-in).
     """
     distributed.setup_logging()
-    run, resume_tag = _build(argv)
+    clock = PhaseClock()
+    with clock.phase("setup"):
+        run, resume_tag = _build(argv, clock)
     if run.settings.push_to_hub and distributed.rank() == 0:
         run.pusher = HubPusher(run.settings.push_to_hub, hub_api)
-    started = time.time()
-    start_step = _resume(run, resume_tag) if resume_tag else 0
+    with clock.phase("checkpoint"):
+        start_step = _resume(run, resume_tag) if resume_tag else 0
     counts = parameter_counts(run.config)
     logger.info("%s %s: %s parameters (%s active), %d process(es), micro-batch %d x accumulation %d, seq %d",
                 run.settings.preset, run.settings.arch, f"{counts.total:,}", f"{counts.active:,}",
@@ -251,19 +256,25 @@ def train(argv: list[str] | None = None, hub_api=None) -> dict:
         logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",
                     stats.entropy_floor, stats.unigram_entropy)
 
-    validation = run.data.validation_batches(run.micro, run.settings.eval_batches)
+    with clock.phase("data"):
+        validation = run.data.validation_batches(run.micro, run.settings.eval_batches)
     summary = _train_loop(run, start_step, validation)
     summary.update(_validation(run, validation))
-    if start_step < run.settings.max_steps:
-        _save(run, run.settings.max_steps, summary["train_loss"])
-    save_final(run.engine.module, run.data.tokenizer, os.path.join(run.output_dir, "final"),
-               is_writer=distributed.rank() == 0, zero_stage=run.engine.zero_optimization_stage())
+    with clock.phase("checkpoint"):
+        if start_step < run.settings.max_steps:
+            _save(run, run.settings.max_steps, summary["train_loss"])
+        save_final(run.engine.module, run.data.tokenizer, os.path.join(run.output_dir, "final"),
+                   is_writer=distributed.rank() == 0, zero_stage=run.engine.zero_optimization_stage())
     val_loss = summary["validation_loss"]
+    breakdown = clock.breakdown()
+    trained_tokens = (run.settings.max_steps - start_step) * run.tokens_per_step
     summary.update(
         preset=run.settings.preset, arch=run.settings.arch, world_size=distributed.world_size(),
         seq_len=run.data.seq_len, final_perplexity=math.exp(val_loss), resumed_from_step=start_step,
         total_parameters=counts.total, active_parameters=counts.active,
-        wall_time_s=time.time() - started, peak_memory=peak_memory(),
+        wall_time_s=breakdown["total"], time_breakdown_s=breakdown,
+        training_tokens_per_s=trained_tokens / breakdown["train"] if breakdown["train"] else None,
+        peak_memory=peak_memory(),
     )
     if stats:
         summary.update(entropy_floor=stats.entropy_floor, unigram_entropy=stats.unigram_entropy,
@@ -360,14 +371,20 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
     engine, config, settings = run.engine, run.config, run.settings
     rank, world = distributed.rank(), distributed.world_size()
     # Per-step rows of this rank: micro x accumulation, constant when the controller re-splits them.
-    batches = run.data.train_batches(run.micro * run.accum, rank, world)
-    for _ in range(run.data_steps):  # the data position: what the checkpointed run consumed
-        next(batches)
+    clock = run.clock
+    with clock.phase("data"):
+        batches = run.data.train_batches(run.micro * run.accum, rank, world)
+        for _ in range(run.data_steps):  # the data position: what the checkpointed run consumed
+            next(batches)
     window = RoutingWindow(config)
     writer = MetricsWriter(run.output_dir if rank == 0 else None, settings.report_to,
                            os.path.basename(run.output_dir), run.identity)
     bar = tqdm(total=settings.max_steps, initial=start_step, disable=rank != 0, dynamic_ncols=True, desc="train")
-    window_losses, window_start, train_loss = [], time.time(), float("nan")
+    # tokens/s counts the window's data and train phases only (not its evaluation, checkpoints or logging)
+    def busy() -> float:
+        return clock.seconds["data"] + clock.seconds["train"]
+
+    window_losses, window_start, train_loss = [], busy(), float("nan")
     step = start_step
     with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
         while step < settings.max_steps:
@@ -376,13 +393,18 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
                 capacity = run.controller.state.mod_capacity or mod_capacity_at(
                     step - 1, config.mod_capacity, settings.mod_capacity_warmup_steps)
                 engine.module.model.set_mod_capacity(capacity)
-            losses = _run_step(run, next(batches), step, window)
+            with clock.phase("data"):
+                rows = next(batches)
+            with clock.phase("train"):
+                losses = _run_step(run, rows, step, window)
+                mean_loss = _mean_over_ranks(sum(losses) / len(losses))
             run.data_steps += 1
-            if run.controller.observe_loss(step, _mean_over_ranks(sum(losses) / len(losses))) == "rollback":
-                step = _rollback(run, step)  # the data already read is skipped, not replayed
+            if run.controller.observe_loss(step, mean_loss) == "rollback":
+                with clock.phase("checkpoint"):
+                    step = _rollback(run, step)  # the data already read is skipped, not replayed
                 bar.n = step
                 window.reset()
-                window_losses, window_start = [], time.time()
+                window_losses, window_start = [], busy()
                 continue
             window_losses += losses
             bar.update(1)
@@ -390,8 +412,9 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
                 record = {"step": step, "loss": _mean_over_ranks(sum(window_losses) / len(window_losses)),
                           "lr": engine.get_lr()[0], "micro_batch": run.micro, "accumulation": run.accum,
                           "tokens_per_s": len(window_losses) * run.micro * world * run.data.seq_len
-                          / (time.time() - window_start),
+                          / (busy() - window_start),
                           "tokens_seen": step * run.tokens_per_step, "skipped_steps": engine.skipped_steps,
+                          "elapsed_s": clock.elapsed(),
                           **window.summary()}
                 if config.uses_mod:
                     record["mod"]["capacity"] = capacity
@@ -411,9 +434,10 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
                 elif plateau == "stop":
                     settings.max_steps = step  # the run ends here, saved and summarised as usual
                 window.reset()
-                window_losses, window_start = [], time.time()
+                window_losses, window_start = [], busy()
             if settings.save_steps and step % settings.save_steps == 0 and step < settings.max_steps:
-                _save(run, step, train_loss)
+                with clock.phase("checkpoint"):
+                    _save(run, step, train_loss)
     bar.close()
     writer.close()
     run.controller.close()

@@ -8,6 +8,8 @@ import math
 import os
 import resource
 import sys
+import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -109,6 +111,44 @@ def peak_memory() -> dict:
         return {"device": "cuda", "peak_allocated_bytes": torch.cuda.max_memory_allocated()}
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"device": "cpu", "peak_rss_bytes": maxrss if sys.platform == "darwin" else maxrss * 1024}
+
+
+class PhaseClock:
+    """A run's wall time split into phases: ``with clock.phase("eval"): ...`` charges the block to "eval".
+
+    A phase opened inside another is charged to the inner one only, so the phases add up to the wall time;
+    what no phase claims (logging, plots, the summary) is "other". Each rank keeps its own clock.
+    """
+
+    PHASES = ("setup", "data", "train", "checkpoint", "eval")
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self._open: list[list] = []  # [phase, seconds charged to phases inside it]
+
+    @contextmanager
+    def phase(self, name: str):
+        if name not in self.seconds:
+            raise ValueError(f"unknown phase {name!r}; one of {', '.join(self.PHASES)}")
+        start = time.perf_counter()
+        self._open.append([name, 0.0])
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            _, inner = self._open.pop()
+            self.seconds[name] += elapsed - inner
+            if self._open:
+                self._open[-1][1] += elapsed
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per phase, "other", and "total" (the wall time so far)."""
+        total = self.elapsed()
+        return {**self.seconds, "other": total - sum(self.seconds.values()), "total": total}
 
 
 REPORTERS = ("none", "tensorboard", "wandb")
