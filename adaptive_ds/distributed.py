@@ -10,6 +10,10 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
+# What a launcher (or init_distributed for a plain start) exports; a child process that should start its own
+# process group must not inherit them.
+DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -29,13 +29,12 @@ import math
 from dataclasses import dataclass
 
 from .flops import training_flops_per_token
-from .hardware import PEAK_TFLOPS
+from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR
 from .models.configuration import AdaptiveDSConfig
 from .presets import PRESETS, model_config, parameter_counts
 
 GIB = 2**30
 GPU_MEMORY_GIB = {"t4": 15.0, "rtx4090": 24.0, "a100": 80.0, "a100_40gb": 40.0, "h100": 80.0, "h200": 141.0}
-PRICE_PER_HOUR = {"t4": 0.35, "rtx4090": 0.69, "a100": 1.79, "a100_40gb": 1.29, "h100": 2.99, "h200": 3.79}
 
 
 def _peak(gpu: str) -> float:
@@ -248,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ds_config", help="DeepSpeed config (default: fp16, ZeRO-2, micro-batch 1)")
     p.add_argument("--tokens", type=int, help="token budget (default: 20 x total parameters)")
     p.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed for the projection")
-    p.add_argument("--price", type=float, help="$ per GPU-hour (default: the table in adaptive_ds/plan.py)")
+    p.add_argument("--price", type=float, help="$ per GPU-hour (default: the table in adaptive_ds/hardware.py)")
     p.add_argument("--vocab_size", type=int, default=32000)
     p.add_argument("--validate", action="store_true", help="print predicted vs measured peaks")
     p.add_argument("--json", action="store_true")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
 from adaptive_ds.models import AdaptiveDSConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +39,6 @@ def write_ds_config(directory: Path, micro: int = 2, accum: int = 1, zero_stage:
     return str(path)
 
 
-# Set in this process by in-process runs (a world of one); a child must start its own process group.
-DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def run_command(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
