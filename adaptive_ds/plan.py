@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import dataclass
 
 from .flops import training_flops_per_token
@@ -188,18 +189,22 @@ def _advice(layout: Layout, peak: float, capacity: float, with_ckpt: float, stat
 # --preset debug_200m --cases ARCH --micro_batch N [--checkpointing]` on the 2-core CPU machine (fp32, ZeRO-1,
 # embedded vocab 128; peak RSS minus the RSS before the model was built), 2026-11-30.
 MEASURED = [
-    {"device": "cuda", "preset": "b1", "arch": "dense", "vocab_size": 32000, "checkpointing": True, "gib": 4.76,
+    {"device": "cuda", "hardware": "H200 capped at 15 GiB (a T4's memory)", "preset": "b1", "arch": "dense",
+     "vocab_size": 32000, "checkpointing": True, "gib": 4.76,
      "ds_config": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
                    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
      "source": "shared/anchors/t4_fit_mb1.json (H200 capped at 15 GiB)"},
-    {"device": "cuda", "preset": "b1", "arch": "dense", "vocab_size": 32000, "checkpointing": True, "gib": 5.98,
+    {"device": "cuda", "hardware": "H200 capped at 15 GiB (a T4's memory)", "preset": "b1", "arch": "dense",
+     "vocab_size": 32000, "checkpointing": True, "gib": 5.98,
      "ds_config": {"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": True},
                    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
      "source": "shared/anchors/t4_fit_mb4.json (H200 capped at 15 GiB)"},
-    {"device": "cpu", "preset": "debug_200m", "arch": "dense", "vocab_size": 128, "checkpointing": False,
+    {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
+     "arch": "dense", "vocab_size": 128, "checkpointing": False,
      "gib": 5.72, "ds_config": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}},
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1"},
-    {"device": "cpu", "preset": "debug_200m", "arch": "mod", "vocab_size": 128, "checkpointing": True,
+    {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
+     "arch": "mod", "vocab_size": 128, "checkpointing": True,
      "gib": 4.40, "ds_config": {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}},
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases mod --micro_batch 2 "
                "--checkpointing"},
@@ -218,6 +223,91 @@ def validation_table() -> list[dict]:
                      "checkpointing": m["checkpointing"], "predicted_gib": round(p.peak_gib, 2),
                      "measured_gib": m["gib"], "error": round(p.peak_gib / m["gib"] - 1, 3), "source": m["source"]})
     return rows
+
+
+# The configurations BENCHMARKS.md projects, from ds_configs/: (preset, architectures, GPU). The number of GPUs
+# is the config's train_batch_size / (micro-batch x accumulation); its adaptive_ds block supplies activation
+# checkpointing and model overrides (expert parallelism).
+SCENARIOS = [
+    ("debug_200m", ("dense", "moe", "mod", "hybrid"), "t4", "debug_200m_t4.json"),
+    ("b1", ("dense", "moe", "mod", "hybrid"), "t4", "b1_t4.json"),
+    ("b1", ("dense", "moe", "mod", "hybrid"), "a100", "b1_a100.json"),
+    ("b1", ("dense", "moe", "mod", "hybrid"), "h100", "b1_h100.json"),
+    ("b7", ("dense", "mod"), "a100_40gb", "b7_a100_40gb_offload.json"),
+    ("b7", ("dense", "mod"), "h100", "b7_8gpu.json"),
+    ("b7", ("moe", "hybrid"), "h100", "b7_moe_8gpu.json"),
+]
+
+
+def plan_config(preset: str, arch: str, gpu: str, path: str, mfu: float = 0.35, price: float | None = None,
+                tokens: int | None = None) -> Plan:
+    """The plan for a ds_config file as training would run it (its GPU count, checkpointing and model block)."""
+    from .training.arguments import _load_json  # the same ds_config reader as training
+
+    raw = _load_json(path)
+    block = raw.get("adaptive_ds", {})
+    per_gpu = raw.get("train_micro_batch_size_per_gpu", 1) * raw.get("gradient_accumulation_steps", 1)
+    gpus = raw.get("train_batch_size", per_gpu) // per_gpu
+    return plan(preset, arch, gpu, raw, gpus, tokens, mfu, price,
+                activation_checkpointing=bool(block.get("activation_checkpointing")),
+                model_overrides=block.get("model"))
+
+
+def _hours(hours: float) -> str:
+    return f"{hours * 60:,.0f} min" if hours < 1 else f"{hours:,.0f} h" if hours < 48 else f"{hours / 24:,.0f} days"
+
+
+def projections_markdown(config_dir: str = "ds_configs", mfu: float = 0.35) -> str:
+    """The projected tables of BENCHMARKS.md, one per preset."""
+    lines = [
+        f"Projected by `python -m adaptive_ds.plan --write BENCHMARKS.md` (the planner's model, not measurements): "
+        f"vocabulary 32,000, one token budget per preset for every architecture (Chinchilla for the dense model: 20 "
+        f"tokens per parameter), {100 * mfu:.0f}% MFU assumed, "
+        "prices from `adaptive_ds/hardware.py`. Loss, perplexity and routing statistics are not projected: only a "
+        "training run measures them, and none has run at these scales yet.",
+    ]
+    for preset in dict.fromkeys(s[0] for s in SCENARIOS):
+        budget = 20 * parameter_counts(model_config(preset, "dense", 32000)).total
+        lines += ["", f"**{preset}**", "",
+                  "| arch | params (total / active) | hardware, config | predicted peak per GPU | CPU RAM (offload) "
+                  "| GFLOP per token | tokens/s bound | projected tokens/s | tokens | time | cost | $ per 1B tokens |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, archs, gpu, config in SCENARIOS:
+            if name != preset:
+                continue
+            for arch in archs:
+                p = plan_config(preset, arch, gpu, os.path.join(config_dir, config), mfu, tokens=budget)
+                fits = "fits" if p.fits else "**does not fit**"
+                lines.append(
+                    f"| {arch} | {p.total_parameters / 1e6:,.0f}M / {p.active_parameters / 1e6:,.0f}M | "
+                    f"{p.gpus} x {gpu}, `{config}` | {p.peak_gib:.1f} of {p.gpu_memory_gib:.0f} GiB, {fits} | "
+                    f"{p.cpu_states_gib:.1f} GiB | {p.flops_per_token / 1e9:.2f} | {p.tokens_per_s_bound:,.0f} | "
+                    f"{p.tokens_per_s_projected:,.0f} | {p.tokens / 1e9:,.1f}B | {_hours(p.hours)} | "
+                    f"${p.cost_usd:,.0f} | ${p.cost_usd / p.tokens * 1e9:,.2f} |")
+    return "\n".join(lines)
+
+
+def validation_markdown() -> str:
+    """Predicted against measured peak memory, as BENCHMARKS.md shows it."""
+    lines = ["| device | run | measured peak | predicted | error | measured by |", "|---|---|---|---|---|---|"]
+    for m, row in zip(MEASURED, validation_table(), strict=True):
+        ds = m["ds_config"]
+        precision = "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
+        offload = " + CPU Adam" if ds["zero_optimization"].get("offload_optimizer") else ""
+        run = (f"{m['preset']} {m['arch']} (vocab {m['vocab_size']:,}), {precision}, "
+               f"ZeRO-{ds['zero_optimization']['stage']}{offload}, micro {row['micro_batch']}, "
+               f"seq {PRESETS[m['preset']].seq_len}{', checkpointing' if m['checkpointing'] else ''}")
+        source = f"`{m['source']}`" if m["source"].startswith("python") else m["source"]
+        lines.append(f"| {m['hardware']} | {run} | {m['gib']:.2f} GiB | {row['predicted_gib']:.2f} GiB | "
+                     f"{100 * row['error']:+.1f}% | {source} |")
+    return "\n".join(lines)
+
+
+def write_benchmarks(path: str) -> None:
+    from .report import replace_section
+
+    replace_section(path, "plan:validation", validation_markdown(), "Peak memory: planner against measurement")
+    replace_section(path, "plan:projections", projections_markdown(), "Projections (planner, not measurements)")
 
 
 def format_plan(p: Plan) -> str:
@@ -251,7 +341,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab_size", type=int, default=32000)
     p.add_argument("--validate", action="store_true", help="print predicted vs measured peaks")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--write", metavar="BENCHMARKS_MD",
+                   help="rewrite the validation and projection tables of this Markdown file and stop")
     args = p.parse_args(argv)
+    if args.write:
+        if not os.path.isfile(args.write):
+            raise SystemExit(f"error: {args.write!r} not found; pass the path of BENCHMARKS.md")
+        write_benchmarks(args.write)
+        return
     if args.validate:
         print(json.dumps(validation_table(), indent=2))
         return

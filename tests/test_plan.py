@@ -6,7 +6,7 @@ import pytest
 from conftest import ROOT
 
 from adaptive_ds.hardware import PEAK_TFLOPS
-from adaptive_ds.plan import main, plan, validation_table
+from adaptive_ds.plan import SCENARIOS, main, plan, plan_config, validation_table
 
 
 def _ds(name):
@@ -53,3 +53,28 @@ def test_cli_prints_the_plan(capsys):
     main(["--preset", "b1", "--arch", "moe", "--gpu", "t4", "--ds_config", str(ROOT / "ds_configs" / "b1_t4.json")])
     out = capsys.readouterr().out
     assert "projection" in out and "predicted peak" in out and "per 1B tokens" in out
+
+
+def test_a_ds_config_file_is_planned_as_training_runs_it():
+    # GPU count from the batch sizes; checkpointing and expert parallelism from the adaptive_ds block
+    moe = plan_config("b7", "moe", "h100", str(ROOT / "ds_configs" / "b7_moe_8gpu.json"))
+    assert moe.gpus == 8 and moe.fits
+    assert moe.activations_gib == moe.activations_with_checkpointing_gib
+    one = plan("b7", "moe", "h100", _ds("b7_moe_8gpu.json"), gpus=8, activation_checkpointing=True)
+    assert moe.model_states_gib < 0.7 * one.model_states_gib  # ep 8 from the block, not the default 1
+
+
+def test_write_regenerates_the_tables_and_keeps_the_rest(tmp_path):
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n\nmeasured text\n\n<!-- plan:projections -->\nstale\n<!-- /plan:projections -->\n")
+    main(["--write", str(md)])
+    text = md.read_text()
+    assert "measured text" in text and "stale" not in text and text.count("<!-- plan:projections -->") == 1
+    assert "planner's model, not measurements" in text and "<!-- plan:validation -->" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "`" in line and " x " in line]
+    assert len(rows) == sum(len(archs) for _, archs, _, _ in SCENARIOS)
+    b1_t4 = next(r for r in rows if r.startswith("| dense |") and "b1_t4.json" in r)
+    assert "fits" in b1_t4 and "does not fit" not in b1_t4
+    assert any("does not fit" in r for r in rows if "| moe |" in r and "b1_t4.json" in r)
+    with pytest.raises(SystemExit, match="not found"):
+        main(["--write", str(tmp_path / "missing.md")])

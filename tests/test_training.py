@@ -200,3 +200,12 @@ def test_the_phase_clock_charges_nested_phases_to_the_inner_one():
     with pytest.raises(ValueError, match="unknown phase 'io'; one of setup, data, train, checkpoint, eval"):
         with clock.phase("io"):
             pass
+
+
+def test_the_phase_clock_counts_start_up_as_setup():
+    import time
+
+    from adaptive_ds.training.metrics import PhaseClock
+
+    clock = PhaseClock(process_started=time.time() - 5)
+    assert clock.seconds["setup"] == pytest.approx(5, abs=0.5) and clock.elapsed() >= clock.seconds["setup"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import psutil
+
 from .. import distributed
 from .arguments import ConfigError
 from .checkpoint import CheckpointError
@@ -13,7 +15,8 @@ from .loop import train
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        train(sys.argv[1:] if argv is None else argv)
+        # interpreter start-up and imports are part of the run's setup time
+        train(sys.argv[1:] if argv is None else argv, process_started=psutil.Process().create_time())
         distributed.close()
     except (ConfigError, CheckpointError, TrainingStopped) as error:
         sys.exit(f"error: {error}")

@@ -234,13 +234,14 @@ def _card_facts(run: Run) -> dict:
             "active_parameters": counts.active}
 
 
-def train(argv: list[str] | None = None, hub_api=None) -> dict:
+def train(argv: list[str] | None = None, hub_api=None, process_started: float | None = None) -> dict:
     """Run training as the command line `argv` says; returns the summary (on every rank).
 
     `hub_api` replaces `huggingface_hub.HfApi()` for --push_to_hub (tests use a local stand-in).
+    `process_started` (epoch seconds): when the process began, so that start-up counts in the setup time.
     """
     distributed.setup_logging()
-    clock = PhaseClock()
+    clock = PhaseClock(process_started)
     with clock.phase("setup"):
         run, resume_tag = _build(argv, clock)
     if run.settings.push_to_hub and distributed.rank() == 0:

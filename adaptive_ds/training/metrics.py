@@ -118,13 +118,17 @@ class PhaseClock:
 
     A phase opened inside another is charged to the inner one only, so the phases add up to the wall time;
     what no phase claims (logging, plots, the summary) is "other". Each rank keeps its own clock.
+    `process_started` (epoch seconds): the time before the clock existed (interpreter start, imports) counts
+    as setup and as wall time.
     """
 
     PHASES = ("setup", "data", "train", "checkpoint", "eval")
 
-    def __init__(self):
-        self.started = time.perf_counter()
+    def __init__(self, process_started: float | None = None):
+        before = max(0.0, time.time() - process_started) if process_started else 0.0
+        self.started = time.perf_counter() - before
         self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self.seconds["setup"] = before
         self._open: list[list] = []  # [phase, seconds charged to phases inside it]
 
     @contextmanager
