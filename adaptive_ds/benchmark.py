@@ -34,10 +34,22 @@ from .flops import training_flops_per_token
 from .hardware import PEAK_TFLOPS, detect_gpu
 from .models import AdaptiveDSForCausalLM
 from .presets import PRESETS, model_config
+from .report import commit, machine, replace_section
 from .training.optim import parameter_groups
 
 logger = logging.getLogger(__name__)
 
+DESCRIPTIONS = {
+    "dense": "dense (ours)",
+    "dense_compile": "dense (ours) under torch.compile",
+    "hf_llama": "transformers LlamaForCausalLM, same weights",
+    "hf_llama_compile": "transformers LlamaForCausalLM under torch.compile",
+    "moe": "moe (index-based dispatch)",
+    "moe_deepspeed": "moe with DeepSpeed's stock dispatch, same model and routing",
+    "hf_mixtral": "transformers MixtralForCausalLM, same weights, dropless top-2",
+    "mod": "mod (capacity 0.5, every block)",
+    "hybrid": "hybrid (MoD 0.5 around MoE)",
+}
 CASES = {
     "dense": {"arch": "dense"},
     "dense_compile": {"arch": "dense"},  # the same, under torch.compile
@@ -125,7 +137,11 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch
     ratios = {f"{a}/{b}": results[a]["tokens_per_s"] / results[b]["tokens_per_s"]
               for a, b in RATIOS if a in results and b in results}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
-    return {"preset": preset, "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision,
+    return {"preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
+            "command": f"python -m adaptive_ds.benchmark --preset {preset} --steps {steps} --rounds {rounds} "
+                       f"--warmup {warmup} --micro_batch {micro_batch} --precision {precision}"
+                       + ("" if list(cases) == list(CASES) else " --cases " + " ".join(cases)),
+            "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision,
             "steps_per_round": steps, "rounds": rounds, "device": device, "peak_tflops": peak,
             "torch": torch.__version__, "deepspeed": deepspeed.__version__, "results": results, "ratios": ratios}
 
@@ -177,6 +193,32 @@ def _table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown(report: dict) -> str:
+    """The BENCHMARKS.md section of a report: provenance, tokens/s per case, ratios."""
+    gpu = report["peak_tflops"] is not None
+    lines = [
+        f"Measured {report['date']} on {report['machine']}, torch {report['torch']}, deepspeed {report['deepspeed']}, "
+        f"commit {report['commit']}: `{report['command']}`. {report['precision']}, ZeRO-1, micro-batch "
+        f"{report['micro_batch']} x seq {report['seq_len']}, embedded corpus, every case through the same DeepSpeed "
+        f"engine; median of {report['rounds']} interleaved rounds of {report['steps_per_round']} optimizer steps.",
+        "",
+        "| case | tokens/s | " + ("MFU |" if gpu else "achieved TFLOP/s |"),
+        "|---|---|---|",
+    ]
+    for name, r in report["results"].items():
+        speed = f"{100 * r['mfu']:.1f}%" if gpu else f"{r['achieved_tflops']:.3f}"
+        lines.append(f"| {DESCRIPTIONS[name]} (`{name}`) | {r['tokens_per_s']:,.0f} | {speed} |")
+    lines += ["", "| ratio | measured |", "|---|---|"]
+    lines += [f"| {name.replace('/', ' / ')} | {value:.2f}x |" for name, value in report["ratios"].items()]
+    return "\n".join(lines)
+
+
+def write_section(path: str, report: dict) -> None:
+    kind = "cpu" if report["device"].startswith("cpu") else "gpu"
+    replace_section(path, f"throughput:{report['preset']}:{kind}", markdown(report),
+                    f"Training throughput side by side, {report['preset']}, {report['machine']}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Side-by-side training throughput of the architectures.")
     p.add_argument("--preset", default="debug", choices=list(PRESETS))
@@ -188,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
                    choices=["fp32", "bf16", "fp16"])
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--out", help="write the report as JSON here")
+    p.add_argument("--benchmarks_md", help="also write its tables into this Markdown file (BENCHMARKS.md)")
     p.add_argument("--memory", action="store_true",
                    help="instead: measure one case's peak memory (--cases ARCH) beside the planner's prediction")
     p.add_argument("--checkpointing", action="store_true", help="with --memory: activation checkpointing")
@@ -203,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
+    if args.benchmarks_md:
+        write_section(args.benchmarks_md, report)
 
 
 if __name__ == "__main__":
