@@ -35,6 +35,7 @@ def test_block_is_removed_and_flags_override_it():
     (["--data", "/no/such/corpus.txt"], {}, "data path '/no/such/corpus.txt' does not exist"),
     ([], {"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16 and bf16 are both enabled"),
     ([], {"block": {"model": {"hidden": 3}}}, "unknown model field(s) hidden"),
+    (["--gpu_memory_gib", "-1"], {}, "gpu_memory_gib must be > 0, got -1.0"),
 ])
 def test_bad_input_names_the_problem(tmp_path, argv_extra, config_changes, message):
     with pytest.raises(ConfigError) as error:
@@ -72,3 +73,18 @@ def test_launcher_exits_with_one_line_and_leaves_outputs_alone(tmp_path):
         assert "Traceback" not in result.stderr
         assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
         assert (out / "summary.json").read_text() == "earlier run"
+
+
+@pytest.mark.gpu
+def test_the_gpu_memory_cap_makes_larger_allocations_fail():
+    import torch
+
+    from adaptive_ds.training.loop import _cap_gpu_memory
+
+    _cap_gpu_memory(1.0)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+        torch.empty(2**29, dtype=torch.uint8, device="cuda")  # half a GiB still fits
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

@@ -52,6 +52,7 @@ class RunSettings:
     push_every_save: bool = False  # also push at every checkpoint, in the background
     activation_checkpointing: bool = False  # recompute each block in backward (the controller may turn it on)
     micro_batch: str | None = None  # "auto": start at the whole step's rows per rank and halve on out-of-memory
+    gpu_memory_gib: float | None = None  # cap each process's CUDA allocator here: a smaller GPU on a larger one
     controller: dict = field(default_factory=dict)  # ControllerSettings fields (adaptive_ds/training/controller.py)
     model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
 
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep_last", type=int, help="checkpoints to keep")
     p.add_argument("--resume", choices=["auto", "never"], help="continue from OUTPUT_DIR's latest checkpoint")
     p.add_argument("--micro_batch", choices=["auto"], help="find the largest micro-batch that fits")
+    p.add_argument("--gpu_memory_gib", type=float,
+                   help="cap the CUDA memory of each process (e.g. 15 to rehearse a T4 on a larger GPU)")
     p.add_argument("--report_to", choices=["none", "tensorboard", "wandb"], help="mirror metrics there too")
     p.add_argument("--push_to_hub", metavar="REPO_ID", help="push the final model (and a model card) to the Hub")
     p.add_argument("--push_every_save", action="store_true", default=None, help="also push at every checkpoint")
@@ -134,6 +137,8 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     for name in ("eval_steps", "save_steps", "mod_capacity_warmup_steps"):
         if getattr(settings, name) < 0:
             problems.append(f"{name} must be >= 0, got {getattr(settings, name)}")
+    if settings.gpu_memory_gib is not None and settings.gpu_memory_gib <= 0:
+        problems.append(f"gpu_memory_gib must be > 0, got {settings.gpu_memory_gib}")
     if settings.resume not in ("auto", "never"):
         problems.append(f"resume {settings.resume!r} is not one of auto, never")
     model_fields = {f.name for f in fields(AdaptiveDSConfig)}
@@ -192,7 +197,7 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
     for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
                  "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to", "push_to_hub",
-                 "push_every_save", "micro_batch"):
+                 "push_every_save", "micro_batch", "gpu_memory_gib"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

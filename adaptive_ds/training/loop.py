@@ -122,11 +122,25 @@ def _token_budget(settings: RunSettings) -> int | None:
     return int(settings.tokens)
 
 
+def _cap_gpu_memory(gib: float) -> None:
+    """Make the CUDA allocator fail beyond `gib` (its out-of-memory is then the controller's to handle)."""
+    if not torch.cuda.is_available():
+        logger.warning("--gpu_memory_gib %.1f ignored: no CUDA device", gib)
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    if gib * 2**30 > total:
+        raise ConfigError(f"gpu_memory_gib {gib} exceeds this GPU's {total / 2**30:.1f} GiB; pass a smaller cap")
+    torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total)
+    logger.info("CUDA memory capped at %.1f GiB of %.1f GiB", gib, total / 2**30)
+
+
 def _build(argv: list[str] | None, clock: PhaseClock) -> tuple[Run, str | None]:
     # Validate before joining the process group: bad input should cost nothing and touch nothing.
     settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
     distributed.init_distributed()
     check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
+    if settings.gpu_memory_gib:
+        _cap_gpu_memory(settings.gpu_memory_gib)
     seq_len = PRESETS[settings.preset].seq_len
     world = distributed.world_size()
     tokens_per_step = (ds_config["train_micro_batch_size_per_gpu"] * ds_config.get("gradient_accumulation_steps", 1)
