@@ -1,13 +1,15 @@
-"""BENCHMARKS.md publishes no tokens/s above what the hardware's peak allows for the model's FLOPs."""
+"""BENCHMARKS.md publishes no tokens/s above what its hardware's peak allows for the model's FLOPs, and every
+generated section says where it came from."""
 
 import re
 
+import pytest
 from conftest import ROOT
 
+from adaptive_ds.benchmark import CASES
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.flops import training_flops_per_token
 from adaptive_ds.hardware import PEAK_TFLOPS
-from adaptive_ds.plan import plan
 from adaptive_ds.presets import PRESETS, model_config
 
 # A generous bound for the 2-core CPU figures: 2 cores x 4 GHz x 2 FMA units x 16 fp32 lanes x 2 FLOPs.
@@ -15,36 +17,67 @@ CPU_PEAK_TFLOPS = 2 * 4e9 * 2 * 16 * 2 / 1e12
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
 
 
-def _rows(heading: str) -> list[list[str]]:
-    """The body rows of the first table under `heading`."""
-    section = BENCHMARKS.split(heading, 1)[1].split("\n## ", 1)[0]
-    table = section[section.index("\n|"):].split("\n\n", 1)[0]
-    return [[c.strip() for c in line.strip("|").split("|")] for line in table.strip().splitlines()
-            if not line.startswith("|---")][1:]
+def _section(key: str) -> str:
+    match = re.search(f"<!-- {re.escape(key)} -->(.*?)<!-- /{re.escape(key)} -->", BENCHMARKS, flags=re.S)
+    assert match, f"BENCHMARKS.md has no {key} section"
+    return match.group(1)
+
+
+def _tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """(header, body rows) of every Markdown table in `text`."""
+    tables = []
+    for block in re.findall(r"(?:^\|.*\|\n?)+", text, flags=re.M):
+        lines = [[c.strip() for c in line.strip().strip("|").split("|")] for line in block.strip().splitlines()]
+        tables.append((lines[0], [row for row in lines[2:]]))
+    return tables
 
 
 def _number(text: str) -> float:
     return float(re.sub(r"[^0-9.]", "", text))
 
 
-def test_cpu_throughput_stays_under_the_cpu_peak():
-    vocab = len(embedded_tokenizer())
-    rows = _rows("## Training throughput side by side, debug preset, CPU")
-    assert len(rows) == 7
-    for case, tokens_per_s, *_ in rows:
-        name = case.split()[0]
-        arch = {"moe_deepspeed": "moe", "hf_mixtral": "moe", "hf_llama": "dense"}.get(name, name)
-        flops = training_flops_per_token(model_config("debug", arch, vocab), PRESETS["debug"].seq_len)
-        assert _number(tokens_per_s) * flops / 1e12 < CPU_PEAK_TFLOPS, case
+def _cpu_tflops(tokens_per_s: float, arch: str) -> float:
+    config = model_config("debug", arch, len(embedded_tokenizer()))
+    return tokens_per_s * training_flops_per_token(config, PRESETS["debug"].seq_len) / 1e12
 
 
-def test_projected_tokens_per_s_stay_under_the_gpu_peak():
-    rows = _rows("## Projections (planner, not measurements)")
-    assert rows
-    for preset_arch, hardware, _, bound, projected, *_ in rows:
-        preset, arch = preset_arch.split()
-        gpus = int(hardware.split(" x ")[0])
-        gpu = hardware.split(" x ")[1].split(",")[0].split()[0].lower()
-        flops = plan(preset, arch, "h100" if gpu == "h100" else "a100" if gpu == "a100" else "t4",
-                     {"train_micro_batch_size_per_gpu": 1}).flops_per_token
-        assert _number(projected) <= _number(bound) <= gpus * PEAK_TFLOPS[gpu] * 1e12 / flops * 1.001, preset_arch
+def test_measured_cpu_throughput_stays_under_the_cpu_peak():
+    section = _section("throughput:debug:cpu")
+    assert "Measured" in section and "commit" in section and "`python -m adaptive_ds.benchmark" in section
+    (header, rows), _ = _tables(section)
+    assert header[:2] == ["case", "tokens/s"] and len(rows) == len(CASES)
+    for case, tokens_per_s, _ in rows:
+        name = re.search(r"`(\w+)`", case).group(1)
+        assert _cpu_tflops(_number(tokens_per_s), CASES[name]["arch"]) < CPU_PEAK_TFLOPS, case
+
+
+def test_the_measured_grid_stays_under_the_cpu_peak():
+    section = _section("grid:debug")
+    assert "Measured" in section and "no GPU" in section and "`python -m adaptive_ds.grid" in section
+    (header, rows), _ = _tables(section)
+    column = header.index("tokens/s")
+    assert [row[0] for row in rows] == ["dense", "moe", "mod", "hybrid"]
+    for row in rows:
+        assert _cpu_tflops(_number(row[column]), row[0]) < CPU_PEAK_TFLOPS, row[0]
+
+
+def test_projections_are_labelled_and_stay_under_the_gpu_peak():
+    section = _section("plan:projections")
+    assert "not measurements" in section
+    presets = re.findall(r"\*\*(\w+)\*\*", section)
+    tables = _tables(section)
+    assert presets == ["debug_200m", "b1", "b7"] and len(tables) == len(presets)
+    for preset, (header, rows) in zip(presets, tables, strict=True):
+        bound, projected = header.index("tokens/s bound"), header.index("projected tokens/s")
+        for row in rows:
+            gpus, gpu = re.match(r"(\d+) x (\w+),", row[header.index("hardware, config")]).groups()
+            config = model_config(preset, row[0], 32000)
+            flops = training_flops_per_token(config, PRESETS[preset].seq_len)
+            peak = PEAK_TFLOPS["a100" if gpu.startswith("a100") else gpu]
+            limit = int(gpus) * peak * 1e12 / flops
+            assert _number(row[projected]) <= _number(row[bound]) <= limit * 1.001, (preset, row[0], gpu)
+
+
+@pytest.mark.parametrize("key", ["throughput:debug:cpu", "grid:debug", "plan:validation", "plan:projections"])
+def test_every_generated_section_is_filled(key):
+    assert _section(key).count("\n|") >= 3
