@@ -209,3 +209,16 @@ def test_the_phase_clock_counts_start_up_as_setup():
 
     clock = PhaseClock(process_started=time.time() - 5)
     assert clock.seconds["setup"] == pytest.approx(5, abs=0.5) and clock.elapsed() >= clock.seconds["setup"]
+
+
+def test_compile_trains_the_same_model(tmp_path):
+    config = _tiny_ds_config(tmp_path, micro=2, accum=1, max_steps=2, log_steps=1, eval_batches=1)
+    eager = train(["--ds_config", config, "--output_dir", str(tmp_path / "eager")])
+    compiled = train(["--ds_config", config, "--output_dir", str(tmp_path / "compiled"), "--compile"])
+    assert compiled["compiled"] and not eager["compiled"]
+    assert _read_metrics(tmp_path / "compiled")[0]["loss"] == pytest.approx(
+        _read_metrics(tmp_path / "eager")[0]["loss"], rel=1e-4)
+    assert compiled["validation_loss"] == pytest.approx(eager["validation_loss"], rel=1e-3)
+    # the compiled module keeps its parameter names: final/ loads as usual
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "compiled" / "final")
+    assert sum(p.numel() for p in model.parameters()) == compiled["total_parameters"]

@@ -52,6 +52,7 @@ class RunSettings:
     push_every_save: bool = False  # also push at every checkpoint, in the background
     activation_checkpointing: bool = False  # recompute each block in backward (the controller may turn it on)
     micro_batch: str | None = None  # "auto": start at the whole step's rows per rank and halve on out-of-memory
+    compile: bool = False  # torch.compile the model through DeepSpeed's engine.compile() (inductor)
     gpu_memory_gib: float | None = None  # cap each process's CUDA allocator here: a smaller GPU on a larger one
     controller: dict = field(default_factory=dict)  # ControllerSettings fields (adaptive_ds/training/controller.py)
     model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep_last", type=int, help="checkpoints to keep")
     p.add_argument("--resume", choices=["auto", "never"], help="continue from OUTPUT_DIR's latest checkpoint")
     p.add_argument("--micro_batch", choices=["auto"], help="find the largest micro-batch that fits")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the model (DeepSpeed's engine.compile); the first steps pay the compilation")
     p.add_argument("--gpu_memory_gib", type=float,
                    help="cap the CUDA memory of each process (e.g. 15 to rehearse a T4 on a larger GPU)")
     p.add_argument("--report_to", choices=["none", "tensorboard", "wandb"], help="mirror metrics there too")
@@ -197,7 +200,7 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
     for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
                  "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to", "push_to_hub",
-                 "push_every_save", "micro_batch", "gpu_memory_gib"):
+                 "push_every_save", "micro_batch", "gpu_memory_gib", "compile"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

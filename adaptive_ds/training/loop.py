@@ -173,6 +173,8 @@ def _build(argv: list[str] | None, clock: PhaseClock) -> tuple[Run, str | None]:
         model=model, model_parameters=parameter_groups(model, weight_decay), config=ds_config,
         lr_scheduler=scheduler_factory(settings.warmup_steps, settings.max_steps, settings.min_lr_ratio),
     )
+    if settings.compile:
+        engine.compile()  # in place: the module keeps its parameter names, so checkpoints and final/ are unchanged
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
                 "tokenizer": settings.tokenizer if settings.data != "embedded" else "embedded",
@@ -286,7 +288,7 @@ def train(argv: list[str] | None = None, hub_api=None, process_started: float | 
     summary.update(
         preset=run.settings.preset, arch=run.settings.arch, world_size=distributed.world_size(),
         seq_len=run.data.seq_len, final_perplexity=math.exp(val_loss), resumed_from_step=start_step,
-        total_parameters=counts.total, active_parameters=counts.active,
+        total_parameters=counts.total, active_parameters=counts.active, compiled=run.engine.is_compiled,
         wall_time_s=breakdown["total"], time_breakdown_s=breakdown,
         training_tokens_per_s=trained_tokens / breakdown["train"] if breakdown["train"] else None,
         peak_memory=peak_memory(),
