@@ -4,7 +4,8 @@
 
 Each architecture is a separate training run of the full harness (`python -m adaptive_ds.training`, the
 DeepSpeed engine, the given ds_config) on the same token budget and seed, one after another on the same
-machine, each in its own process so that its peak memory and time breakdown are its own. From each run's
+machine, each in its own process so that its peak memory and time breakdown are its own. The data is always
+the embedded corpus (whatever the ds_config names), whose entropy floor makes the losses comparable. From each run's
 summary.json and metrics.jsonl the grid reports the seed's per-preset table, measured:
 
 - quality: validation loss (MoD and hybrid: causal routing, the honest figure; and with the train-time top-k),
@@ -54,8 +55,8 @@ class GridError(RuntimeError):
 
 def _train(preset: str, arch: str, tokens: int, ds_config: str, seed: int, run_dir: str) -> None:
     command = [sys.executable, "-m", "adaptive_ds.training", "--ds_config", ds_config, "--preset", preset,
-               "--arch", arch, "--tokens", str(tokens), "--seed", str(seed), "--output_dir", run_dir,
-               "--resume", "never"]
+               "--arch", arch, "--data", "embedded", "--tokens", str(tokens), "--seed", str(seed),
+               "--output_dir", run_dir, "--resume", "never"]
     logger.info("grid: %s", " ".join(command[1:]))
     # A process of its own: a fresh peak-memory mark and its own clock. It must not join this process's group.
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
