@@ -3,13 +3,15 @@
 import json
 
 import pytest
-from conftest import DEBUG_CPU
+from conftest import write_ds_config
 
 from adaptive_ds.grid import PHASES, GridError, markdown, run_grid, write_section
 
 
 def test_grid_reports_every_architecture_and_rewrites_its_section(tmp_path):
-    report = run_grid("debug", 8192, str(tmp_path / "out"), DEBUG_CPU, str(tmp_path / "runs"), price=0.5)
+    # a config that names C4 (as the GPU configs do): the grid still trains offline on the embedded corpus
+    config = write_ds_config(tmp_path, micro=16, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
+    report = run_grid("debug", 8192, str(tmp_path / "out"), config, str(tmp_path / "runs"), price=0.5)
     results = report["results"]
     assert set(results) == {"dense", "moe", "mod", "hybrid"}
     for arch, r in results.items():
