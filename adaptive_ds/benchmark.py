@@ -147,8 +147,9 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch
 
 
 def measure_peak_memory(preset: str, arch: str, micro_batch: int, checkpointing: bool, vocab_size: int = 128,
-                        steps: int = 2) -> dict:
+                        steps: int = 2, experts: int | None = None) -> dict:
     """Peak memory of training steps through DeepSpeed (fp32, ZeRO-1), beside the planner's prediction.
+    `experts`: another number of experts than the preset's (a MoE model that fits the machine).
 
     On CUDA the allocator's peak; on CPU the process's peak resident set minus its resident set before the
     model was built (the Python, torch and DeepSpeed runtime is not the model's).
@@ -160,7 +161,8 @@ def measure_peak_memory(preset: str, arch: str, micro_batch: int, checkpointing:
     distributed.init_distributed()
     baseline = psutil.Process().memory_info().rss
     seq_len = PRESETS[preset].seq_len
-    config = model_config(preset, arch, vocab_size, moe_drop_tokens=False)
+    overrides = {"moe_drop_tokens": False, **({"num_local_experts": experts} if experts else {})}
+    config = model_config(preset, arch, vocab_size, **overrides)
     model = AdaptiveDSForCausalLM(config)
     model.model.gradient_checkpointing = checkpointing
     ds_config = _ds_config(micro_batch, "fp32")
@@ -175,9 +177,10 @@ def measure_peak_memory(preset: str, arch: str, micro_batch: int, checkpointing:
     else:
         measured = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
     predicted = plan(preset, arch, "h200", ds_config, vocab_size=vocab_size, activation_checkpointing=checkpointing,
-                     model_overrides={"moe_drop_tokens": False}, cpu_process=not torch.cuda.is_available()).peak_gib
+                     model_overrides=overrides, cpu_process=not torch.cuda.is_available()).peak_gib
     return {"preset": preset, "arch": arch, "micro_batch": micro_batch, "seq_len": seq_len,
             "activation_checkpointing": checkpointing, "precision": "fp32", "zero_stage": 1,
+            "experts": config.num_local_experts,
             "device": "cuda" if torch.cuda.is_available() else "cpu", "measured_gib": measured / 2**30,
             "predicted_gib": predicted, "error": predicted / (measured / 2**30) - 1}
 
@@ -234,11 +237,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory", action="store_true",
                    help="instead: measure one case's peak memory (--cases ARCH) beside the planner's prediction")
     p.add_argument("--checkpointing", action="store_true", help="with --memory: activation checkpointing")
+    p.add_argument("--experts", type=int, help="with --memory: number of experts (default: the preset's)")
     args = p.parse_args(argv)
     distributed.setup_logging(logging.WARNING)
     if args.memory:
-        print(json.dumps(measure_peak_memory(args.preset, args.cases[0], args.micro_batch, args.checkpointing),
-                         indent=2))
+        print(json.dumps(measure_peak_memory(args.preset, args.cases[0], args.micro_batch, args.checkpointing,
+                                             experts=args.experts), indent=2))
         return
     report = run_benchmark(args.preset, args.steps, args.rounds, args.warmup, args.micro_batch, args.precision,
                            args.cases)
