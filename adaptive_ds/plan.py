@@ -186,8 +186,8 @@ def _advice(layout: Layout, peak: float, capacity: float, with_ckpt: float, stat
 
 # Measured peaks. GPU rows: shared/anchors (t4_fit.py, a 1.10B Llama = b1 dense with vocab 32000, in a 15 GiB
 # slice of an H200, torch.cuda.max_memory_allocated). CPU rows: `python -m adaptive_ds.benchmark --memory
-# --preset debug_200m --cases ARCH --micro_batch N [--checkpointing]` on the 2-core CPU machine (fp32, ZeRO-1,
-# embedded vocab 128; peak RSS minus the RSS before the model was built), 2026-11-30.
+# --preset debug_200m --cases ARCH --micro_batch N [--checkpointing] [--experts 4]` on the 2-core CPU machine
+# (fp32, ZeRO-1, embedded vocab 128; peak RSS minus the RSS before the model was built), 2026-11-30.
 MEASURED = [
     {"device": "cuda", "hardware": "H200 capped at 15 GiB (a T4's memory)", "preset": "b1", "arch": "dense",
      "vocab_size": 32000, "checkpointing": True, "gib": 4.76,
@@ -208,6 +208,16 @@ MEASURED = [
      "gib": 4.40, "ds_config": {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}},
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases mod --micro_batch 2 "
                "--checkpointing"},
+    # MoE with 4 experts (the preset's 8 would need ~25 GiB, more than the 23 GiB machine)
+    {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
+     "arch": "moe", "vocab_size": 128, "checkpointing": False, "model": {"num_local_experts": 4},
+     "gib": 14.42, "ds_config": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}},
+     "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases moe --micro_batch 1 --experts 4"},
+    {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
+     "arch": "hybrid", "vocab_size": 128, "checkpointing": True, "model": {"num_local_experts": 4},
+     "gib": 14.08, "ds_config": {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}},
+     "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases hybrid --micro_batch 4 "
+               "--checkpointing --experts 4"},
 ]
 
 
@@ -216,7 +226,8 @@ def validation_table() -> list[dict]:
     rows = []
     for m in MEASURED:
         p = plan(m["preset"], m["arch"], "h200", m["ds_config"], vocab_size=m["vocab_size"],
-                 activation_checkpointing=m["checkpointing"], model_overrides={"moe_drop_tokens": False},
+                 activation_checkpointing=m["checkpointing"],
+                 model_overrides={"moe_drop_tokens": False, **m.get("model", {})},
                  cpu_process=m["device"] == "cpu")
         rows.append({"device": m["device"], "preset": m["preset"], "arch": m["arch"],
                      "micro_batch": m["ds_config"]["train_micro_batch_size_per_gpu"],
@@ -294,7 +305,8 @@ def validation_markdown() -> str:
         ds = m["ds_config"]
         precision = "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
         offload = " + CPU Adam" if ds["zero_optimization"].get("offload_optimizer") else ""
-        run = (f"{m['preset']} {m['arch']} (vocab {m['vocab_size']:,}), {precision}, "
+        experts = f", {m['model']['num_local_experts']} experts" if "model" in m else ""
+        run = (f"{m['preset']} {m['arch']} (vocab {m['vocab_size']:,}{experts}), {precision}, "
                f"ZeRO-{ds['zero_optimization']['stage']}{offload}, micro {row['micro_batch']}, "
                f"seq {PRESETS[m['preset']].seq_len}{', checkpointing' if m['checkpointing'] else ''}")
         source = f"`{m['source']}`" if m["source"].startswith("python") else m["source"]
