@@ -1,6 +1,7 @@
-"""Benchmark grid: the four architectures of one preset trained side by side on the embedded corpus.
+"""Benchmark grid: preset x architecture, trained side by side on the embedded corpus.
 
     python -m adaptive_ds.grid --preset debug --tokens 1000000 --out benchmarks
+    python -m adaptive_ds.grid --preset debug debug_200m --ds_config ds_configs/debug_200m_t4.json   (on a GPU)
 
 Each architecture is a separate training run of the full harness (`python -m adaptive_ds.training`, the
 DeepSpeed engine, the given ds_config) on the same token budget and seed, one after another on the same
@@ -221,7 +222,8 @@ def write_section(path: str, preset: str, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Train the four architectures side by side and report the tables.")
-    p.add_argument("--preset", default="debug", choices=list(PRESETS))
+    p.add_argument("--preset", nargs="+", default=["debug"], choices=list(PRESETS),
+                   help="one or more presets; each gets its own section")
     p.add_argument("--tokens", type=int, default=1_000_000)
     p.add_argument("--ds_config", default="ds_configs/debug_cpu.json")
     p.add_argument("--price", type=float, help="$ per device-hour (default: adaptive_ds/hardware.py's table)")
@@ -232,13 +234,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not os.path.isfile(args.ds_config):
         raise SystemExit(f"error: ds_config {args.ds_config!r} not found; the configs are in ds_configs/")
-    try:
-        report = run_grid(args.preset, args.tokens, args.out, args.ds_config, args.runs, price=args.price)
-    except GridError as error:
-        raise SystemExit(f"error: {error}") from None
-    text = markdown(report)
-    write_section(args.benchmarks_md, args.preset, text)
-    print(text)
+    for preset in args.preset:
+        try:
+            report = run_grid(preset, args.tokens, args.out, args.ds_config, args.runs, price=args.price)
+        except GridError as error:
+            raise SystemExit(f"error: {error}") from None
+        text = markdown(report)
+        write_section(args.benchmarks_md, preset, text)
+        print(text)
 
 
 if __name__ == "__main__":

@@ -50,3 +50,13 @@ def test_a_failed_run_names_the_architecture(tmp_path):
     broken.write_text("{not json")
     with pytest.raises(GridError, match="the dense run failed .*broken.json"):
         run_grid("debug", 4096, str(tmp_path / "out"), str(broken), str(tmp_path / "runs"))
+
+
+def test_the_command_refuses_a_missing_config_and_an_unknown_preset(tmp_path, capsys):
+    from adaptive_ds.grid import main
+
+    with pytest.raises(SystemExit, match="ds_config .*none.json' not found; the configs are in ds_configs/"):
+        main(["--ds_config", str(tmp_path / "none.json")])
+    with pytest.raises(SystemExit):
+        main(["--preset", "debug", "b3"])
+    assert "invalid choice: 'b3'" in capsys.readouterr().err
