@@ -8,6 +8,7 @@ from conftest import write_ds_config
 from adaptive_ds.grid import PHASES, GridError, markdown, run_grid, write_section
 
 
+@pytest.mark.slow  # four training subprocesses
 def test_grid_reports_every_architecture_and_rewrites_its_section(tmp_path):
     # a config that names C4 (as the GPU configs do): the grid still trains offline on the embedded corpus
     config = write_ds_config(tmp_path, micro=16, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
@@ -45,6 +46,7 @@ def test_grid_reports_every_architecture_and_rewrites_its_section(tmp_path):
     assert "load balance" not in content  # the first version was replaced, not kept
 
 
+@pytest.mark.slow
 def test_a_failed_run_names_the_architecture(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
