@@ -54,10 +54,13 @@ class GridError(RuntimeError):
     """A run of the grid failed; the message holds the end of its log."""
 
 
-def _train(preset: str, arch: str, tokens: int, ds_config: str, seed: int, run_dir: str) -> None:
+def _train(preset: str, arch: str, tokens: int, ds_config: str, seed: int, run_dir: str,
+           warmup_steps: int | None) -> None:
     command = [sys.executable, "-m", "adaptive_ds.training", "--ds_config", ds_config, "--preset", preset,
                "--arch", arch, "--data", "embedded", "--tokens", str(tokens), "--seed", str(seed),
                "--output_dir", run_dir, "--resume", "never"]
+    if warmup_steps is not None:
+        command += ["--warmup_steps", str(warmup_steps)]
     logger.info("grid: %s", " ".join(command[1:]))
     # A process of its own: a fresh peak-memory mark and its own clock. It must not join this process's group.
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
@@ -91,7 +94,7 @@ def _peak_gib(summary: dict) -> float:
 
 
 def run_grid(preset: str, tokens: int, out_dir: str, ds_config: str, runs_dir: str, seed: int = 1234,
-             price: float | None = None) -> dict:
+             price: float | None = None, warmup_steps: int | None = None) -> dict:
     gpu = detect_gpu()
     price = price if price is not None else PRICE_PER_HOUR.get(gpu or "cpu")
     peak_tflops = PEAK_TFLOPS.get(gpu) if gpu else None
@@ -99,7 +102,7 @@ def run_grid(preset: str, tokens: int, out_dir: str, ds_config: str, runs_dir: s
     runs = {}
     for arch in ARCHITECTURES:
         run_dir = os.path.join(runs_dir, f"{preset}-{arch}-{stamp}")
-        _train(preset, arch, tokens, ds_config, seed, run_dir)
+        _train(preset, arch, tokens, ds_config, seed, run_dir, warmup_steps)
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -138,7 +141,8 @@ def run_grid(preset: str, tokens: int, out_dir: str, ds_config: str, runs_dir: s
     report = {"preset": preset, "tokens": tokens, "entropy_floor": floor, "equal_flops_budget": budget,
               "machine": machine(), "gpu": gpu, "peak_tflops": peak_tflops, "price_per_hour": price,
               "commit": commit(), "date": time.strftime("%Y-%m-%d"), "ds_config": ds_config,
-              "command": f"python -m adaptive_ds.grid --preset {preset} --tokens {tokens} --ds_config {ds_config}",
+              "command": f"python -m adaptive_ds.grid --preset {preset} --tokens {tokens} --ds_config {ds_config}"
+                         + (f" --warmup_steps {warmup_steps}" if warmup_steps is not None else ""),
               "results": table}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"grid_{preset}.json"), "w") as f:
@@ -226,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="one or more presets; each gets its own section")
     p.add_argument("--tokens", type=int, default=1_000_000)
     p.add_argument("--ds_config", default="ds_configs/debug_cpu.json")
+    p.add_argument("--warmup_steps", type=int,
+                   help="learning-rate warm-up of every run (default: the ds_config's; a GPU config's 2000 steps "
+                        "are meant for its 20000)")
     p.add_argument("--price", type=float, help="$ per device-hour (default: adaptive_ds/hardware.py's table)")
     p.add_argument("--out", default="benchmarks", help="the JSON report and PNG figures")
     p.add_argument("--runs", default="runs/grid", help="the training runs themselves")
@@ -236,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: ds_config {args.ds_config!r} not found; the configs are in ds_configs/")
     for preset in args.preset:
         try:
-            report = run_grid(preset, args.tokens, args.out, args.ds_config, args.runs, price=args.price)
+            report = run_grid(preset, args.tokens, args.out, args.ds_config, args.runs, price=args.price,
+                              warmup_steps=args.warmup_steps)
         except GridError as error:
             raise SystemExit(f"error: {error}") from None
         text = markdown(report)

@@ -20,9 +20,11 @@ def _config(tmp_path, **changes):
 
 
 def test_block_is_removed_and_flags_override_it():
-    settings, ds_config = parse(["--ds_config", DEBUG_CPU, "--arch", "moe", "--max_steps", "7", "--seed", "3"], 1)
+    settings, ds_config = parse(["--ds_config", DEBUG_CPU, "--arch", "moe", "--max_steps", "7", "--seed", "3",
+                                 "--warmup_steps", "2"], 1)
     assert "adaptive_ds" not in ds_config
     assert (settings.preset, settings.arch, settings.max_steps, settings.seed) == ("debug", "moe", 7, 3)
+    assert settings.warmup_steps == 2  # the block says 30
     assert ds_config["optimizer"]["params"]["betas"] == [0.9, 0.95]
 
 
@@ -36,6 +38,7 @@ def test_block_is_removed_and_flags_override_it():
     ([], {"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16 and bf16 are both enabled"),
     ([], {"block": {"model": {"hidden": 3}}}, "unknown model field(s) hidden"),
     (["--gpu_memory_gib", "-1"], {}, "gpu_memory_gib must be > 0, got -1.0"),
+    (["--warmup_steps", "-5"], {}, "warmup_steps must be >= 0, got -5"),
 ])
 def test_bad_input_names_the_problem(tmp_path, argv_extra, config_changes, message):
     with pytest.raises(ConfigError) as error:

@@ -12,8 +12,12 @@ from adaptive_ds.grid import PHASES, GridError, markdown, run_grid, write_sectio
 def test_grid_reports_every_architecture_and_rewrites_its_section(tmp_path):
     # a config that names C4 (as the GPU configs do): the grid still trains offline on the embedded corpus
     config = write_ds_config(tmp_path, micro=16, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
-    report = run_grid("debug", 8192, str(tmp_path / "out"), config, str(tmp_path / "runs"), price=0.5)
+    report = run_grid("debug", 8192, str(tmp_path / "out"), config, str(tmp_path / "runs"), price=0.5,
+                      warmup_steps=5)
     results = report["results"]
+    # the runs warmed up over 5 steps (the config says 1): the first step's learning rate is below the peak 3e-3
+    first = json.loads(next((tmp_path / "runs").glob("debug-dense-*/metrics.jsonl")).read_text().splitlines()[0])
+    assert first["step"] == 1 and first["lr"] < 0.5 * 3e-3 and "--warmup_steps 5" in report["command"]
     assert set(results) == {"dense", "moe", "mod", "hybrid"}
     for arch, r in results.items():
         assert r["tokens"] == 8192 and r["training_flops"] >= report["equal_flops_budget"]

@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_steps", type=int, help="optimizer steps")
     p.add_argument("--output_dir", help="new or empty directory for metrics, summary and the final model")
     p.add_argument("--seed", type=int)
+    p.add_argument("--warmup_steps", type=int, help="linear learning-rate warm-up steps")
     p.add_argument("--ep_size", type=int, help="expert-parallel group size for moe / hybrid")
     p.add_argument("--eval_steps", type=int, help="validation loss every N steps")
     p.add_argument("--save_steps", type=int, help="checkpoint every N steps")
@@ -137,7 +138,7 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     for name in ("max_steps", "log_steps", "eval_batches", "keep_last"):
         if getattr(settings, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(settings, name)}")
-    for name in ("eval_steps", "save_steps", "mod_capacity_warmup_steps"):
+    for name in ("warmup_steps", "eval_steps", "save_steps", "mod_capacity_warmup_steps"):
         if getattr(settings, name) < 0:
             problems.append(f"{name} must be >= 0, got {getattr(settings, name)}")
     if settings.gpu_memory_gib is not None and settings.gpu_memory_gib <= 0:
@@ -200,7 +201,7 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
     for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
                  "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to", "push_to_hub",
-                 "push_every_save", "micro_batch", "gpu_memory_gib", "compile"):
+                 "push_every_save", "micro_batch", "gpu_memory_gib", "compile", "warmup_steps"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

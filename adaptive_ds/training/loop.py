@@ -161,6 +161,10 @@ def _build(argv: list[str] | None, clock: PhaseClock) -> tuple[Run, str | None]:
         settings.max_steps = max(1, -(-20 * parameter_counts(config).total // tokens_per_step))
         if settings.epochs > 1:
             data.epoch_blocks = -(-20 * parameter_counts(config).total // (settings.epochs * world * seq_len))
+    if settings.warmup_steps >= settings.max_steps:
+        logger.warning("warmup_steps %d >= max_steps %d: the learning rate never reaches its peak; pass "
+                       "--warmup_steps (e.g. %d, 5%% of the steps)", settings.warmup_steps, settings.max_steps,
+                       max(1, settings.max_steps // 20))
     output_dir, resume_tag = _prepare_output_dir(settings)
     if resume_tag and checkpoint.read_run_state(output_dir, resume_tag)["identity"]["world_size"] != world:
         # A different number of processes: ZeRO must re-partition, from DeepSpeed's universal checkpoint.
