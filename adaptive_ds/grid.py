@@ -44,10 +44,11 @@ from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR, detect_gpu
 from .models.configuration import ARCHITECTURES
 from .presets import PRESETS, model_config
 from .report import commit, machine, replace_section
+from .training.metrics import PhaseClock
 
 logger = logging.getLogger(__name__)
 
-PHASES = ("setup", "data", "train", "checkpoint", "eval", "other")
+PHASES = (*PhaseClock.PHASES, "other")
 
 
 class GridError(RuntimeError):

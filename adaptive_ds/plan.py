@@ -250,18 +250,23 @@ SCENARIOS = [
 ]
 
 
+def plan_ds_config(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int | None = None, **options) -> Plan:
+    """The plan for a ds_config as training would run it: activation checkpointing and model overrides from its
+    adaptive_ds block; without `gpus`, the GPU count its batch sizes imply. `options`: those of `plan`."""
+    block = ds_config.get("adaptive_ds", {})
+    if gpus is None:
+        per_gpu = ds_config.get("train_micro_batch_size_per_gpu", 1) * ds_config.get("gradient_accumulation_steps", 1)
+        gpus = ds_config.get("train_batch_size", per_gpu) // per_gpu
+    return plan(preset, arch, gpu, ds_config, gpus, model_overrides=block.get("model"),
+                activation_checkpointing=bool(block.get("activation_checkpointing")), **options)
+
+
 def plan_config(preset: str, arch: str, gpu: str, path: str, mfu: float = 0.35, price: float | None = None,
                 tokens: int | None = None) -> Plan:
-    """The plan for a ds_config file as training would run it (its GPU count, checkpointing and model block)."""
+    """`plan_ds_config` for a ds_config file."""
     from .training.arguments import _load_json  # the same ds_config reader as training
 
-    raw = _load_json(path)
-    block = raw.get("adaptive_ds", {})
-    per_gpu = raw.get("train_micro_batch_size_per_gpu", 1) * raw.get("gradient_accumulation_steps", 1)
-    gpus = raw.get("train_batch_size", per_gpu) // per_gpu
-    return plan(preset, arch, gpu, raw, gpus, tokens, mfu, price,
-                activation_checkpointing=bool(block.get("activation_checkpointing")),
-                model_overrides=block.get("model"))
+    return plan_ds_config(preset, arch, gpu, _load_json(path), mfu=mfu, price=price, tokens=tokens)
 
 
 def _hours(hours: float) -> str:
@@ -371,9 +376,8 @@ def main(argv: list[str] | None = None) -> None:
             "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
     except ConfigError as error:
         raise SystemExit(f"error: {error}") from None
-    block = raw.get("adaptive_ds", {})
-    result = plan(args.preset, args.arch, args.gpu, raw, args.gpus, args.tokens, args.mfu, args.price,
-                  args.vocab_size, bool(block.get("activation_checkpointing")), block.get("model"))
+    result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, tokens=args.tokens, mfu=args.mfu,
+                            price=args.price, vocab_size=args.vocab_size)
     print(json.dumps(result.__dict__, indent=2) if args.json else format_plan(result))
     if not math.isfinite(result.peak_gib):
         raise SystemExit("error: the plan is not finite")
