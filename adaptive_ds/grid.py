@@ -37,12 +37,11 @@ import time
 
 import numpy as np
 
-from .data.tokenizer import embedded_tokenizer
 from .distributed import DISTRIBUTED_VARIABLES
 from .flops import training_flops_per_token
 from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR, detect_gpu
-from .models.configuration import ARCHITECTURES
-from .presets import PRESETS, model_config
+from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
+from .presets import PRESETS
 from .report import commit, machine, replace_section
 from .training.metrics import PhaseClock
 
@@ -70,10 +69,8 @@ def _train(preset: str, arch: str, tokens: int, ds_config: str, seed: int, run_d
         raise GridError(f"the {arch} run failed (exit {result.returncode}): {result.stderr[-2000:]}")
 
 
-def _flops_curve(metrics: list[dict], preset: str, arch: str) -> list[tuple[float, float, int, float]]:
-    """(cumulative training FLOPs, train loss, tokens, seconds) at each logged step."""
-    config = model_config(preset, arch, len(embedded_tokenizer()))
-    seq_len = PRESETS[preset].seq_len
+def _flops_curve(metrics: list[dict], config: AdaptiveDSConfig, seq_len: int) -> list[tuple[float, float, int, float]]:
+    """(cumulative training FLOPs, train loss, tokens, seconds) at each logged step of a run of `config`."""
     mod_blocks = sum(config.is_mod_layer(i) for i in range(config.num_hidden_layers))
     flops, previous, curve = 0.0, 0, []
     for m in metrics:
@@ -108,7 +105,9 @@ def run_grid(preset: str, tokens: int, out_dir: str, ds_config: str, runs_dir: s
             summary = json.load(f)
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             metrics = [json.loads(line) for line in f if line.strip()]
-        runs[arch] = {"summary": summary, "metrics": metrics, "curve": _flops_curve(metrics, preset, arch)}
+        config = AdaptiveDSConfig.from_pretrained(os.path.join(run_dir, "final"))  # the model the run trained
+        runs[arch] = {"summary": summary, "metrics": metrics,
+                      "curve": _flops_curve(metrics, config, summary["seq_len"])}
     floor = runs["dense"]["summary"]["entropy_floor"]
     budget = min(r["curve"][-1][0] for r in runs.values())
     table = {}
@@ -188,8 +187,10 @@ def markdown(report: dict) -> str:
     lines = [
         f"Measured {report['date']} on {report['machine']}, commit {report['commit']}: `{report['command']}` "
         f"({report['tokens']:,} tokens per architecture, one process each, seed 1234; entropy floor "
-        f"{report['entropy_floor']:.4f} nats/token). Costs at ${price:.2f}/hour "
-        f"(`adaptive_ds/hardware.py`; `--price` to change). '-' marks a figure that does not apply.",
+        f"{report['entropy_floor']:.4f} nats/token). "
+        + (f"Costs at ${price:.2f}/hour (`adaptive_ds/hardware.py`; `--price` to change). " if price is not None
+           else "No price is known for this device, so no costs: pass `--price`. ")
+        + "'-' marks a figure that does not apply.",
         "",
         "| arch | params (total / active) | validation loss | perplexity | loss - floor | top-k routing loss - floor "
         "| train loss at equal FLOPs | tokens/s | " + ("MFU" if gpu else "achieved TFLOP/s") +

@@ -38,6 +38,7 @@ def test_grid_reports_every_architecture_and_rewrites_its_section(tmp_path):
     assert json.loads((tmp_path / "out" / "grid_debug.json").read_text())["preset"] == "debug"
     text = markdown(report)
     assert "achieved TFLOP/s" in text and "$0.50/hour" in text and "| hybrid |" in text
+    assert "no costs: pass `--price`" in markdown({**report, "price_per_hour": None})  # a device without a price
     rows = text.splitlines()
     assert any(row.startswith("| mod | - | - | - | 50.0% |") for row in rows)  # no experts; half the tokens skip
     assert any(row.startswith("| dense | - | - | - | - | - |") for row in rows)
