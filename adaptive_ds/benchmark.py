@@ -23,6 +23,7 @@ import logging
 import resource
 import statistics
 import time
+from typing import NamedTuple
 
 import deepspeed
 import torch
@@ -39,27 +40,24 @@ from .training.optim import parameter_groups
 
 logger = logging.getLogger(__name__)
 
-DESCRIPTIONS = {
-    "dense": "dense (ours)",
-    "dense_compile": "dense (ours) under torch.compile",
-    "hf_llama": "transformers LlamaForCausalLM, same weights",
-    "hf_llama_compile": "transformers LlamaForCausalLM under torch.compile",
-    "moe": "moe (index-based dispatch)",
-    "moe_deepspeed": "moe with DeepSpeed's stock dispatch, same model and routing",
-    "hf_mixtral": "transformers MixtralForCausalLM, same weights, dropless top-2",
-    "mod": "mod (capacity 0.5, every block)",
-    "hybrid": "hybrid (MoD 0.5 around MoE)",
-}
+
+class CaseSpec(NamedTuple):
+    description: str  # as BENCHMARKS.md names the case
+    model: dict  # model_config overrides: the architecture and anything else that differs
+
+
 CASES = {
-    "dense": {"arch": "dense"},
-    "dense_compile": {"arch": "dense"},  # the same, under torch.compile
-    "hf_llama": {"arch": "dense"},  # transformers' LlamaForCausalLM with the same weights
-    "hf_llama_compile": {"arch": "dense"},  # the same, under torch.compile: the strongest dense baseline
-    "moe": {"arch": "moe"},
-    "moe_deepspeed": {"arch": "moe", "moe_dispatch": "deepspeed"},
-    "hf_mixtral": {"arch": "moe"},  # transformers' MixtralForCausalLM with the same weights (dropless top-2)
-    "mod": {"arch": "mod"},
-    "hybrid": {"arch": "hybrid"},
+    "dense": CaseSpec("dense (ours)", {"arch": "dense"}),
+    "dense_compile": CaseSpec("dense (ours) under torch.compile", {"arch": "dense"}),
+    "hf_llama": CaseSpec("transformers LlamaForCausalLM, same weights", {"arch": "dense"}),
+    # the strongest dense baseline
+    "hf_llama_compile": CaseSpec("transformers LlamaForCausalLM under torch.compile", {"arch": "dense"}),
+    "moe": CaseSpec("moe (index-based dispatch)", {"arch": "moe"}),
+    "moe_deepspeed": CaseSpec("moe with DeepSpeed's stock dispatch, same model and routing",
+                              {"arch": "moe", "moe_dispatch": "deepspeed"}),
+    "hf_mixtral": CaseSpec("transformers MixtralForCausalLM, same weights, dropless top-2", {"arch": "moe"}),
+    "mod": CaseSpec("mod (capacity 0.5, every block)", {"arch": "mod"}),
+    "hybrid": CaseSpec("hybrid (MoD 0.5 around MoE)", {"arch": "hybrid"}),
 }
 RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
           ("dense", "hf_llama_compile"), ("dense_compile", "hf_llama_compile"), ("moe", "hf_mixtral"))
@@ -80,7 +78,7 @@ class Case:
     def __init__(self, name: str, preset: str, vocab_size: int, micro_batch: int, precision: str, seed: int):
         torch.manual_seed(seed)
         self.name = name
-        self.config = model_config(preset, vocab_size=vocab_size, moe_drop_tokens=False, **CASES[name])
+        self.config = model_config(preset, vocab_size=vocab_size, moe_drop_tokens=False, **CASES[name].model)
         model = AdaptiveDSForCausalLM(self.config)
         if name.startswith("hf_llama"):
             model = to_llama(model)
@@ -210,7 +208,7 @@ def markdown(report: dict) -> str:
     ]
     for name, r in report["results"].items():
         speed = f"{100 * r['mfu']:.1f}%" if gpu else f"{r['achieved_tflops']:.3f}"
-        lines.append(f"| {DESCRIPTIONS[name]} (`{name}`) | {r['tokens_per_s']:,.0f} | {speed} |")
+        lines.append(f"| {CASES[name].description} (`{name}`) | {r['tokens_per_s']:,.0f} | {speed} |")
     lines += ["", "| ratio | measured |", "|---|---|"]
     lines += [f"| {name.replace('/', ' / ')} | {value:.2f}x |" for name, value in report["ratios"].items()]
     return "\n".join(lines)
