@@ -129,22 +129,21 @@ class PhaseClock:
         self.started = time.perf_counter() - before
         self.seconds = dict.fromkeys(self.PHASES, 0.0)
         self.seconds["setup"] = before
-        self._open: list[list] = []  # [phase, seconds charged to phases inside it]
+        self._inner: list[float] = []  # per open phase: the seconds already charged to phases inside it
 
     @contextmanager
     def phase(self, name: str):
         if name not in self.seconds:
             raise ValueError(f"unknown phase {name!r}; one of {', '.join(self.PHASES)}")
         start = time.perf_counter()
-        self._open.append([name, 0.0])
+        self._inner.append(0.0)
         try:
             yield
         finally:
             elapsed = time.perf_counter() - start
-            _, inner = self._open.pop()
-            self.seconds[name] += elapsed - inner
-            if self._open:
-                self._open[-1][1] += elapsed
+            self.seconds[name] += elapsed - self._inner.pop()
+            if self._inner:
+                self._inner[-1] += elapsed
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
