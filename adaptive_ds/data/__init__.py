@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from .embedded import CorpusStatistics, corpus_statistics, document_stream
-from .packing import pack_documents
+from .embedded import CorpusStatistics, block, corpus_statistics
 from .text import (
     BUILDERS,
     documents_for,
@@ -26,35 +25,35 @@ EMBEDDED = "embedded"
 
 
 class TrainingData:
-    """Packed blocks of `seq_len` tokens for each rank. Batches are dicts of `input_ids` and `labels`
-    (padding as -100). `statistics` is the corpus's entropy floor where it is known (the embedded corpus)."""
+    """Blocks of `seq_len` tokens and the tokenizer that made them. Batches are dicts of `input_ids` and
+    `labels` (padding as -100). `statistics` is the corpus's entropy floor where it is known (the embedded
+    corpus)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, seq_len: int, seed: int,
                  statistics: CorpusStatistics | None = None):
         self.tokenizer, self.seq_len, self.seed, self.statistics = tokenizer, seq_len, seed, statistics
 
-    def train_blocks(self, rank: int, world_size: int) -> Iterator[list[int]]:
+    def step_batches(self, first_step: int, rows_per_step: int, rank: int = 0,
+                     world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's rows of every optimizer step from `first_step` (0-based) on: `rows_per_step` is the
+        global batch in rows, and each rank gets `rows_per_step / world_size` of them."""
         raise NotImplementedError
 
     def validation_blocks(self) -> Iterator[list[int]]:
         raise NotImplementedError
 
-    def _batches(self, blocks: Iterator[list[int]], batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+    def _batch(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
         pad = self.tokenizer.pad_token_id
-        while True:
-            rows = list(itertools.islice(blocks, batch_size))
-            if not rows:
-                return
-            input_ids = torch.full((len(rows), self.seq_len), pad, dtype=torch.long)
-            labels = torch.full((len(rows), self.seq_len), -100, dtype=torch.long)
-            for i, row in enumerate(rows):
-                input_ids[i, : len(row)] = torch.tensor(row)
-                labels[i, : len(row)] = input_ids[i, : len(row)]
-            yield {"input_ids": input_ids, "labels": labels}
+        input_ids = torch.full((len(rows), self.seq_len), pad, dtype=torch.long)
+        labels = torch.full((len(rows), self.seq_len), -100, dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = torch.tensor(row)
+            labels[i, : len(row)] = input_ids[i, : len(row)]
+        return {"input_ids": input_ids, "labels": labels}
 
-    def train_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[dict]:
-        """An endless stream of micro-batches, distinct for each data-parallel rank and fixed by the seed."""
-        return self._batches(self.train_blocks(rank, world_size), batch_size)
+    def _batches(self, blocks: Iterator[list[int]], batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+        while rows := list(itertools.islice(blocks, batch_size)):
+            yield self._batch(rows)
 
     def validation_batches(self, batch_size: int, num_batches: int) -> list[dict]:
         """The same held-out batches on every rank and every call (fewer if the held-out data is smaller)."""
@@ -62,24 +61,35 @@ class TrainingData:
 
 
 class EmbeddedData(TrainingData):
-    """The built-in grammar corpus: whole documents packed per block, so the entropy floor is exact."""
+    """The built-in grammar corpus. Block i of a stream is a function of (seed, i) alone (`embedded.block`), so
+    the global batch of step s is blocks [s * rows, (s + 1) * rows) and each rank takes its contiguous slice:
+    one process, two processes or any micro-batch split train on the same tokens, and a resume is a seek."""
 
-    def _blocks(self, seed: str) -> Iterator[list[int]]:
+    def _ids(self, namespace: str, index: int) -> list[int]:
         vocab = self.tokenizer.get_vocab()
-        docs = (([vocab[t] for t in doc.tokens],) for doc in document_stream(seed))
-        for (ids,) in pack_documents(docs, self.seq_len):
-            yield ids
+        return [vocab[t] for t in block(namespace, index, self.seq_len).tokens]
 
-    def train_blocks(self, rank: int, world_size: int) -> Iterator[list[int]]:
-        return self._blocks(f"train-{self.seed}-rank{rank}-of{world_size}")
+    def step_batches(self, first_step: int, rows_per_step: int, rank: int = 0,
+                     world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
+        if rows_per_step % world_size:
+            raise ValueError(f"{rows_per_step} rows per step do not split over {world_size} ranks")
+        per_rank = rows_per_step // world_size
+        namespace = _train_namespace(self.seed)
+        for step in itertools.count(first_step):
+            start = step * rows_per_step + rank * per_rank
+            yield self._batch([self._ids(namespace, i) for i in range(start, start + per_rank)])
 
     def validation_blocks(self) -> Iterator[list[int]]:
-        return self._blocks(_validation_seed(self.seed))
+        namespace = _validation_namespace(self.seed)
+        return (self._ids(namespace, i) for i in itertools.count())
 
 
 class TextData(TrainingData):
     """A text corpus (`adaptive_ds.data.text`): EOS-joined documents, validation held out by document,
-    round-robin rank shards, epochs repeated over the first `epoch_blocks` blocks of each rank's share."""
+    round-robin rank shards, epochs repeated over the first `epoch_blocks` blocks of each rank's share.
+
+    Streamed: each rank reads its own share in the source's order, so a run on another number of ranks sees
+    other batches, and a resume re-reads the steps before it."""
 
     def __init__(self, source: str, tokenizer, seq_len: int, seed: int, text_field: str, hub_config: str | None,
                  validation_share: float, epoch_blocks: int | None):
@@ -96,12 +106,21 @@ class TextData(TrainingData):
         while True:  # epochs
             yield from limited(self._split_blocks("train", rank, world_size), self.epoch_blocks)
 
+    def step_batches(self, first_step: int, rows_per_step: int, rank: int = 0,
+                     world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
+        batches = self._batches(self.train_blocks(rank, world_size), rows_per_step // world_size)
+        return itertools.islice(batches, first_step, None)
+
     def validation_blocks(self) -> Iterator[list[int]]:
         return self._split_blocks("validation")
 
 
-def _validation_seed(seed: int) -> str:
-    # Distinct from every training stream's seed, so validation never shares a document with training.
+def _train_namespace(seed: int) -> str:
+    return f"train-{seed}"
+
+
+def _validation_namespace(seed: int) -> str:
+    # Distinct from the training stream's, so validation never shares a block with training.
     return f"validation-{seed}"
 
 
@@ -114,7 +133,8 @@ def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "
     pretrained tokenizer's name or path.
     """
     if source == EMBEDDED:
-        return EmbeddedData(embedded_tokenizer(), seq_len, seed, corpus_statistics(seq_len, _validation_seed(seed)))
+        statistics = corpus_statistics(seq_len, _validation_namespace(seed))
+        return EmbeddedData(embedded_tokenizer(), seq_len, seed, statistics)
     if looks_like_path(source) and not local_files(source):
         raise ValueError(f"data path {source!r} does not exist; valid choices: '{EMBEDDED}', local files "
                          f"({', '.join(BUILDERS)}) or a Hub dataset name")

@@ -187,6 +187,27 @@ def document_stream(seed: int | str):
         yield generate_document(rng)
 
 
+def block(namespace: str, index: int, seq_len: int) -> Document:
+    """Block `index` of the stream `namespace`: whole documents from a generator seeded by (namespace, index)
+    until the next one would not fit (that one is discarded; a first document longer than the block is cut).
+
+    Each block depends on its index alone, so any block is generated in constant time: a data position is a
+    number, resuming is a seek, and a global batch can be defined by sample indices whatever the number of
+    ranks. The tokens and log-probabilities of the kept documents are exactly the generator's.
+    """
+    rng = random.Random(f"{namespace}-{index}")
+    tokens: list[str] = []
+    logprobs: list[float] = []
+    while True:
+        doc = generate_document(rng)
+        if tokens and len(tokens) + len(doc.tokens) > seq_len:
+            return Document(tokens, logprobs)
+        tokens += doc.tokens[: seq_len - len(tokens)]
+        logprobs += doc.logprobs[: seq_len - len(logprobs)]
+        if len(tokens) == seq_len:
+            return Document(tokens, logprobs)
+
+
 @dataclass(frozen=True)
 class CorpusStatistics:
     """What the corpus allows on blocks packed to `seq_len`, estimated on `tokens` predicted tokens."""
@@ -200,25 +221,23 @@ class CorpusStatistics:
         return (self.unigram_entropy - loss) / (self.unigram_entropy - self.entropy_floor)
 
 
-def corpus_statistics(seq_len: int, seed: int | str, num_blocks: int = 2000) -> CorpusStatistics:
-    """Entropy floor and unigram entropy over the tokens a model predicts in packed blocks.
+def corpus_statistics(seq_len: int, namespace: str, num_blocks: int = 2000) -> CorpusStatistics:
+    """Entropy floor and unigram entropy over the tokens a model predicts in the blocks of `namespace`.
 
-    Blocks are packed from whole documents (`pack_documents`), so each predicted token has its whole
-    document prefix in context and the generator's probabilities are exactly what a perfect model assigns.
-    The first token of a block is never predicted and is left out of both figures.
+    Blocks hold whole documents (`block`), so each predicted token has its whole document prefix in context
+    and the generator's probabilities are exactly what a perfect model assigns. The first token of a block is
+    never predicted and is left out of both figures.
     """
-    return _statistics(seq_len, seed, num_blocks)
+    return _statistics(seq_len, namespace, num_blocks)
 
 
 @lru_cache(maxsize=8)
-def _statistics(seq_len: int, seed: int | str, num_blocks: int) -> CorpusStatistics:
-    from .packing import pack_documents
-
-    docs = ((d.tokens, d.logprobs) for d in document_stream(seed))
+def _statistics(seq_len: int, namespace: str, num_blocks: int) -> CorpusStatistics:
     nll, counts = 0.0, Counter()
-    for _, (tokens, logprobs) in zip(range(num_blocks), pack_documents(docs, seq_len), strict=False):
-        nll -= sum(logprobs[1:])
-        counts.update(tokens[1:])
+    for index in range(num_blocks):
+        b = block(namespace, index, seq_len)
+        nll -= sum(b.logprobs[1:])
+        counts.update(b.tokens[1:])
     total = sum(counts.values())
     unigram = -sum(c / total * math.log(c / total) for c in counts.values())
     return CorpusStatistics(entropy_floor=nll / total, unigram_entropy=unigram, tokens=total)

@@ -52,7 +52,7 @@ class MoDRouting:
     routed: torch.Tensor  # (batch, seq) bool: tokens that ran the block
     predictor_loss: torch.Tensor | None = None  # BCE of the causal predictor toward top-k membership (training)
     predictor_correct: torch.Tensor | None = None  # predictor decisions that matched top-k membership
-    predictor_tokens: int = 0  # tokens those decisions were made on (padding excluded)
+    predictor_tokens: torch.Tensor | int = 0  # tokens those decisions were made on (padding excluded)
 
 
 class MixtureOfDepths(nn.Module):
@@ -109,7 +109,7 @@ class MixtureOfDepths(nn.Module):
         valid = torch.ones_like(in_topk) if key_padding_mask is None else key_padding_mask[:, -seq_len:]
         loss = F.binary_cross_entropy_with_logits(logits[valid], in_topk[valid].float())
         correct = ((logits > 0) == in_topk)[valid].sum()
-        routing = MoDRouting(selected, in_topk, loss, correct, int(valid.sum()))
+        routing = MoDRouting(selected, in_topk, loss, correct, valid.sum())  # tensors: no host sync
         return out._replace(hidden_states=hidden_states.scatter_add(1, gather_hidden, update), mod=routing)
 
     def _causal(self, hidden_states, scores, position_embeddings, key_padding_mask, cache):

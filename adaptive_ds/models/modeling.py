@@ -275,7 +275,11 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                labels=None, use_cache=None, logits_to_keep: int = 0, **kwargs) -> AdaptiveDSCausalLMOutput:
+                labels=None, use_cache=None, logits_to_keep: int = 0, num_items_in_batch=None,
+                **kwargs) -> AdaptiveDSCausalLMOutput:
+        """`num_items_in_batch` (as in transformers' Trainer): divide the summed token losses by this count
+        instead of by this batch's own target count, so that a step split into micro-batches and ranks of
+        unequal target counts weighs every target token alike."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache)
         hidden_states = out.last_hidden_state
@@ -286,9 +290,12 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         lm_loss = loss = None
         if labels is not None:
             # Next-token prediction: position t predicts labels[t + 1]; -100 is ignored.
-            lm_loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
-            )
+            targets = labels[:, 1:].flatten()
+            if num_items_in_batch is None:
+                lm_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets, ignore_index=-100)
+            else:
+                lm_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets, ignore_index=-100,
+                                          reduction="sum") / num_items_in_batch
             loss = lm_loss
             if out.aux_loss is not None:
                 loss = (loss + self.config.router_aux_loss_coef * out.aux_loss

@@ -192,3 +192,63 @@ def load(engine, output_dir: str, tag: str, rng_tag: str | None = None) -> dict:
     if rng is not None:
         _set_rng_state(rng)
     return client.get("run", {})
+
+
+def write_json(path: str, obj: dict) -> None:
+    """Write `obj` as indented JSON, atomically (a reader never sees half a file)."""
+    _write_atomic(path, json.dumps(obj, indent=2))
+
+
+def run_identity(settings, world_size: int, rows_per_rank_step: int, config) -> dict:
+    """What a checkpoint must match to be resumed by this run (as it reads back from JSON)."""
+    identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
+                "tokenizer": settings.tokenizer if settings.data != "embedded" else "embedded",
+                "world_size": world_size, "rows_per_step": rows_per_rank_step * world_size,
+                "model": config.to_dict()}
+    return json.loads(json.dumps(identity))
+
+
+def resume(engine, output_dir: str, tag: str, identity: dict) -> dict:
+    """Load checkpoint `tag` into `engine` after checking it belongs to this run; returns its run state.
+
+    On a different number of processes the checkpoint is converted to DeepSpeed's universal format first; the
+    model, optimizer and schedule continue exactly.
+    """
+    saved = read_run_state(output_dir, tag)
+    where = os.path.join(checkpoint_root(output_dir), tag)
+    if "knobs" not in saved.get("controller", {}):
+        raise CheckpointError(f"checkpoint {where!r} was written by an older adaptive_ds (no controller knobs); "
+                              "resume it with that version or start a new --output_dir")
+    same_world = saved["identity"]["world_size"] == identity["world_size"]
+    expected = identity if same_world else {**identity, "world_size": saved["identity"]["world_size"]}
+    check_compatible(saved["identity"], expected, where)
+    if same_world:
+        load(engine, output_dir, tag)
+    else:
+        logger.warning("resuming a %d-process checkpoint on %d processes through DeepSpeed's universal format",
+                       saved["identity"]["world_size"], identity["world_size"])
+        load(engine, output_dir, universal_tag(output_dir, tag), rng_tag=tag)
+    return saved
+
+
+class Checkpointer:
+    """Owns the save cadence: every `save_steps` steps (0: only at the end of the run), and never from weights
+    that are not healthy. A boundary that falls while the loss is non-finite or spiking is postponed to the first
+    healthy step after it, so every checkpoint (and so every rollback target) holds weights whose recorded loss
+    was healthy."""
+
+    def __init__(self, output_dir: str, save_steps: int, keep_last: int):
+        self.output_dir, self.save_steps, self.keep_last = output_dir, save_steps, keep_last
+        self.pending = False
+        self.last_saved: int | None = None
+
+    def due(self, step: int, max_steps: int) -> bool:
+        """Whether a save is owed at `step` (a boundary now, or one postponed earlier)."""
+        if self.save_steps and step % self.save_steps == 0 and step < max_steps:
+            self.pending = True
+        return self.pending
+
+    def save(self, engine, step: int, run_state: dict, tokenizer) -> None:
+        save(engine, self.output_dir, step, run_state, self.keep_last, tokenizer)
+        self.pending = False
+        self.last_saved = step

@@ -1,44 +1,43 @@
-"""The adaptive controller: watches a run and acts, every decision written to OUTPUT_DIR/decisions.jsonl.
+"""The adaptive controller: watches a run and answers with a `Verdict`; what it changes is its `Knobs`.
 
-Each behaviour is bounded and can be switched off in the `controller` object of the ds_config's
-`adaptive_ds` block (see `ControllerSettings`). Faults for tests are injected through `faults` there.
+The controller is pure decision logic: it reads reports (a step's loss, a logging window's routing and
+validation figures, an out-of-memory error), owns a small set of knobs that the engine and model must follow,
+and writes every decision to OUTPUT_DIR/decisions.jsonl. It never touches the engine: the training loop applies
+the knobs (`engine.apply_knobs`) and reacts to the verdict (continue, retry the step, roll back, stop).
 
-- Memory: an out-of-memory error in a step frees what the step held, halves the micro-batch and doubles
-  gradient accumulation (the global batch is unchanged) and retries the same step on the same data; at
-  micro-batch 1 it turns on activation checkpointing; after that it stops with what to change.
-- Stability: a loss spike (beyond `spike_sigma` standard deviations of the last `spike_window` step losses)
-  or `nonfinite_steps` non-finite losses in a row roll the run back to the last checkpoint, scale the
-  learning rate by `rollback_lr_factor` and skip the data that caused it; after `max_rollbacks`, it stops.
-  fp16 overflow steps skipped by DeepSpeed's loss scaler are counted (`skipped_steps` in metrics.jsonl); more
-  than `max_overflow_steps` in a row stops the run. With `eval_steps`, a validation loss that stops improving
-  scales the learning rate after `plateau_patience` evaluations and ends the run after
-  `early_stopping_patience` (both off by default).
-- Micro-batch search (`--micro_batch auto`): the first step starts with the whole step's rows in one
-  micro-batch and the out-of-memory rule halves it until it fits.
+Each behaviour is bounded and can be switched off in the `controller` object of the ds_config's `adaptive_ds`
+block (see `ControllerSettings`):
+
+- Memory: an out-of-memory error halves the micro-batch and doubles gradient accumulation (the global batch is
+  unchanged) and the step is retried on the same data; at micro-batch 1 activation checkpointing is turned on;
+  after that the run stops with what to change.
+- Stability: a loss spike (beyond `spike_sigma` standard deviations of the last `spike_window` step losses) or
+  `nonfinite_steps` non-finite losses in a row roll the run back to the last healthy checkpoint, scale the
+  learning rate by `rollback_lr_factor` and skip the data that caused it; after `max_rollbacks` it stops. While
+  the loss is non-finite or spiking the run is not `healthy`, and no checkpoint is saved. fp16 overflow steps
+  skipped by DeepSpeed's loss scaler are counted; more than `max_overflow_steps` in a row stop the run. With
+  `eval_steps`, a validation loss that stops improving scales the learning rate after `plateau_patience`
+  evaluations and ends the run after `early_stopping_patience` (both off by default).
 - Routing: while MoE load balance stays below `balance_threshold` for `balance_windows` logged windows, the
-  aux-loss coefficient is multiplied by `aux_coef_factor` up to `aux_coef_max`, and lowered back toward its
+  aux-loss coefficient is multiplied by `aux_coef_factor` up to `aux_coef_max`, and lowered back toward the
   configured value once balance recovers; experts that stay dead are reported. MoD: with `mod_flops_target`,
   the capacity moves toward the FLOPs fraction asked for, within `mod_capacity_bounds`; otherwise it follows
-  the configured schedule.
+  the configured schedule (linear from 1.0 over `mod_capacity_warmup_steps`).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import math
-import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 logger = logging.getLogger(__name__)
 
 
 class TrainingStopped(RuntimeError):
     """The controller stopped the run; the message says why and what to change."""
-
-
-class SimulatedOOM(RuntimeError):
-    """An injected out-of-memory error (CPU tests); handled exactly like torch.OutOfMemoryError."""
 
 
 @dataclass
@@ -62,7 +61,6 @@ class ControllerSettings:
     min_improvement: float = 1e-3
     mod_flops_target: float | None = None  # MoD: steer capacity so FLOPs / unrouted FLOPs approach this
     mod_capacity_bounds: tuple[float, float] = (0.125, 1.0)
-    faults: dict = field(default_factory=dict)  # oom_micro_batch_above, oom_from_step, spike_at_step, nan_at_steps
 
 
 def controller_settings(block: dict) -> ControllerSettings:
@@ -73,178 +71,262 @@ def controller_settings(block: dict) -> ControllerSettings:
     return ControllerSettings(**block)
 
 
-@dataclass
-class ControllerState:
-    """What the controller changed; saved in every checkpoint so a resumed run starts from it."""
+@dataclass(frozen=True)
+class Knobs:
+    """What the engine and model follow; the controller's to change, the loop's to apply (`apply_knobs`)."""
 
     micro_batch: int
     accumulation: int
     activation_checkpointing: bool = False
     lr_scale: float = 1.0
-    aux_coef: float | None = None
-    rollbacks: int = 0
-    mod_capacity: float | None = None
-    best_validation: float | None = None
-    evals_without_improvement: int = 0
+    aux_coef: float | None = None  # MoE router_aux_loss_coef (None: no MoE layers)
+    mod_capacity: float | None = None  # MoD training capacity (None: no MoD blocks)
+
+
+class Action(enum.Enum):
+    CONTINUE = "continue"
+    RETRY_STEP = "retry the step"
+    ROLL_BACK = "roll back"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: str = ""
+    failed: bool = False  # STOP: the run failed (non-zero exit) rather than ended as planned (early stopping)
+
+
+CONTINUE = Verdict(Action.CONTINUE)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int
+    loss: float  # the step's LM loss over all ranks
+    overflow: bool = False  # DeepSpeed's fp16 loss scaler skipped the step
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    step: int
+    moe: dict | None = None  # RoutingWindow's "moe" statistics
+    mod: dict | None = None  # RoutingWindow's "mod" statistics
+    validation_loss: float | None = None
+
+
+def mod_capacity_at(step: int, target: float, warmup_steps: int) -> float:
+    """Capacity schedule: linear from 1.0 at step 0 to `target` at `warmup_steps`, constant afterwards."""
+    if step >= warmup_steps:
+        return target
+    return 1.0 + (target - 1.0) * step / warmup_steps
 
 
 class Controller:
-    def __init__(self, settings: ControllerSettings, state: ControllerState, output_dir: str | None):
-        self.settings = settings
-        self.state = state
-        self._file = open(os.path.join(output_dir, "decisions.jsonl"), "a") if output_dir else None
-        self.losses: list[float] = []
+    """`defaults` are the knobs as configured, frozen at build time: "back toward the configured value" compares
+    with them. `decisions_path` (rank 0) receives one JSON object per decision."""
+
+    def __init__(self, settings: ControllerSettings, defaults: Knobs, decisions_path: str | None = None,
+                 mod_capacity_warmup_steps: int = 0):
+        self.settings, self.defaults = settings, defaults
+        self.mod_capacity_warmup_steps = mod_capacity_warmup_steps
+        self.knobs = defaults
+        self.steered_capacity: float | None = None  # set by the FLOPs target; else the schedule decides
+        self.rollbacks = 0
+        self.best_validation: float | None = None
+        self.evals_without_improvement = 0
+        self.losses: list[float] = []  # recent healthy step losses (the spike window)
         self.nonfinite = 0
+        self.spiking = False
         self.overflow_run = 0
         self.low_balance = 0
         self.dead_streak: dict[str, int] = {}
+        self.decisions: list[dict] = []
+        self._file = open(decisions_path, "a") if decisions_path else None  # closed in close()
 
-    def decide(self, step: int, trigger: dict, action: str) -> None:
-        record = {"step": step, "trigger": trigger, "action": action, "settings": asdict(self.state)}
+    # the knobs of a step
+    def knobs_at(self, step: int) -> Knobs:
+        """The knobs for optimizer step `step` (1-based): the current ones, with the MoD capacity scheduled."""
+        if self.defaults.mod_capacity is None:
+            return self.knobs
+        capacity = self.steered_capacity
+        if capacity is None:
+            capacity = mod_capacity_at(step - 1, self.defaults.mod_capacity, self.mod_capacity_warmup_steps)
+        return replace(self.knobs, mod_capacity=capacity)
+
+    @property
+    def healthy(self) -> bool:
+        """The last step's loss was finite and no spike: the weights are fit to be saved."""
+        return self.nonfinite == 0 and not self.spiking
+
+    def _decide(self, step: int, trigger: dict, action: str) -> None:
+        record = {"step": step, "trigger": trigger, "action": action, "knobs": asdict(self.knobs)}
+        self.decisions.append(record)
         logger.warning("controller at step %d: %s (%s)", step, action, trigger)
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
 
-    # memory
-    def inject_oom(self, step: int, micro_batch: int) -> None:
-        faults = self.settings.faults
-        if "oom_micro_batch_above" in faults and step >= faults.get("oom_from_step", 1) \
-                and micro_batch > faults["oom_micro_batch_above"]:
-            raise SimulatedOOM(f"injected out-of-memory at micro-batch {micro_batch}")
+    def note(self, step: int, trigger: dict, action: str) -> None:
+        """Record a decision taken on the controller's behalf (e.g. the micro-batch search's start)."""
+        self._decide(step, trigger, action)
 
-    def on_oom(self, step: int, error: Exception) -> str:
+    # memory
+    def start_micro_batch_search(self) -> None:
+        """`--micro_batch auto`: the first step starts with the whole step's rows in one micro-batch."""
+        rows = self.knobs.micro_batch * self.knobs.accumulation
+        self.knobs = replace(self.knobs, micro_batch=rows, accumulation=1)
+        self._decide(0, {"requested_rows_per_rank_step": rows},
+                     "micro-batch auto: start at the whole step, halve on out-of-memory")
+
+    def on_oom(self, step: int, error: BaseException) -> Verdict:
         """Halve the micro-batch (raising accumulation to keep the global batch), or turn on activation
         checkpointing, or stop."""
+        trigger = {"error": f"{type(error).__name__}: {str(error)[:200]}", "micro_batch": self.knobs.micro_batch}
         if not self.settings.oom:
-            raise error
-        trigger = {"error": f"{type(error).__name__}: {str(error)[:200]}", "micro_batch": self.state.micro_batch}
-        if self.state.micro_batch > 1:
-            rows = self.state.micro_batch * self.state.accumulation
+            return Verdict(Action.STOP, f"{trigger['error']} (the controller's oom rule is off)", failed=True)
+        if self.knobs.micro_batch > 1:
+            rows = self.knobs.micro_batch * self.knobs.accumulation
             # the largest divisor of the step's rows at most half the current micro-batch
-            self.state.micro_batch = max(d for d in range(1, self.state.micro_batch // 2 + 1) if rows % d == 0)
-            self.state.accumulation = rows // self.state.micro_batch
-            self.decide(step, trigger, "halve micro-batch, double accumulation, retry the step")
-            return "halve"
-        if not self.state.activation_checkpointing:
-            self.state.activation_checkpointing = True
-            self.decide(step, trigger, "enable activation checkpointing, retry the step")
-            return "checkpointing"
-        self.decide(step, trigger, "stop")
-        raise TrainingStopped("out of memory at micro-batch 1 with activation checkpointing; shorten the sequence, "
-                              "raise the ZeRO stage, offload the optimizer (offload_optimizer) or pick a smaller "
-                              "preset")
+            micro = max(d for d in range(1, self.knobs.micro_batch // 2 + 1) if rows % d == 0)
+            self.knobs = replace(self.knobs, micro_batch=micro, accumulation=rows // micro)
+            self._decide(step, trigger, "halve micro-batch, double accumulation, retry the step")
+            return Verdict(Action.RETRY_STEP)
+        if not self.knobs.activation_checkpointing:
+            self.knobs = replace(self.knobs, activation_checkpointing=True)
+            self._decide(step, trigger, "enable activation checkpointing, retry the step")
+            return Verdict(Action.RETRY_STEP)
+        self._decide(step, trigger, "stop")
+        return Verdict(Action.STOP, "out of memory at micro-batch 1 with activation checkpointing; shorten the "
+                       "sequence, raise the ZeRO stage, offload the optimizer (offload_optimizer) or pick a smaller "
+                       "preset", failed=True)
 
     # stability
-    def observe_loss(self, step: int, loss: float) -> str | None:
-        """'rollback' when the loss spiked or stayed non-finite, else None (and the loss joins the window)."""
-        faults = self.settings.faults
-        if faults.get("spike_at_step") == step:
-            loss = loss * 10 + 10
-        if step in faults.get("nan_at_steps", []):
-            loss = float("nan")
+    def observe_step(self, report: StepReport) -> Verdict:
+        """After every optimizer step: fp16 overflows, non-finite losses and spikes."""
+        self.overflow_run = self.overflow_run + 1 if report.overflow else 0
+        if self.overflow_run > self.settings.max_overflow_steps:
+            self._decide(report.step, {"overflow_steps_in_a_row": self.overflow_run}, "stop")
+            return Verdict(Action.STOP, f"{self.overflow_run} fp16 overflow steps in a row; use bf16, lower the "
+                           "learning rate or set a lower initial_scale_power", failed=True)
         if not self.settings.spike:
-            return None
+            return CONTINUE
+        loss = report.loss
         if not math.isfinite(loss):
             self.nonfinite += 1
             if self.nonfinite >= self.settings.nonfinite_steps:
-                return self._rollback(step, {"non_finite_steps": self.nonfinite, "loss": str(loss)})
-            return None
+                return self._roll_back(report.step, {"non_finite_steps": self.nonfinite, "loss": str(loss)})
+            return CONTINUE
         self.nonfinite = 0
         window = self.losses[-self.settings.spike_window:]
         if len(window) >= self.settings.spike_window:
             mean = sum(window) / len(window)
             std = math.sqrt(sum((x - mean) ** 2 for x in window) / len(window))
             if loss > mean + self.settings.spike_sigma * max(std, 1e-3):
-                return self._rollback(step, {"loss": loss, "window_mean": mean, "window_std": std,
-                                             "sigma": self.settings.spike_sigma})
-        self.losses.append(loss)
-        return None
+                self.spiking = True
+                return self._roll_back(report.step, {"loss": loss, "window_mean": mean, "window_std": std,
+                                                     "sigma": self.settings.spike_sigma})
+        self.losses = [*window, loss][-self.settings.spike_window:]
+        return CONTINUE
 
-    def _rollback(self, step: int, trigger: dict) -> str:
-        if self.state.rollbacks >= self.settings.max_rollbacks:
-            self.decide(step, trigger, "stop")
-            raise TrainingStopped(f"loss unstable after {self.state.rollbacks} rollbacks (last at step {step}); "
-                                  "lower the learning rate or raise warmup_steps")
-        self.state.rollbacks += 1
-        self.state.lr_scale *= self.settings.rollback_lr_factor
-        self.decide(step, trigger, "roll back to the last checkpoint, scale the learning rate, skip this data")
+    def _roll_back(self, step: int, trigger: dict) -> Verdict:
+        if self.rollbacks >= self.settings.max_rollbacks:
+            self._decide(step, trigger, "stop")
+            return Verdict(Action.STOP, f"loss unstable after {self.rollbacks} rollbacks (last at step {step}); "
+                           "lower the learning rate or raise warmup_steps", failed=True)
+        self.rollbacks += 1
+        self.knobs = replace(self.knobs, lr_scale=self.knobs.lr_scale * self.settings.rollback_lr_factor)
+        self._decide(step, trigger, "roll back to the last healthy checkpoint, scale the learning rate, skip this "
+                     "data")
+        return Verdict(Action.ROLL_BACK)
+
+    def rolled_back(self) -> None:
+        """The loop restored the weights: the loss history of the abandoned steps no longer applies."""
         self.losses.clear()
         self.nonfinite = 0
-        return "rollback"
+        self.spiking = False
 
-    def observe_overflow(self, step: int, skipped: bool) -> None:
-        self.overflow_run = self.overflow_run + 1 if skipped else 0
-        if self.overflow_run > self.settings.max_overflow_steps:
-            self.decide(step, {"overflow_steps_in_a_row": self.overflow_run}, "stop")
-            raise TrainingStopped(f"{self.overflow_run} fp16 overflow steps in a row; use bf16, lower the learning "
-                                  "rate or set a lower initial_scale_power")
+    # logging windows: routing and validation
+    def observe_window(self, report: WindowReport) -> Verdict:
+        if report.moe:
+            self._observe_moe(report.step, report.moe)
+        if report.mod:
+            self._observe_mod(report.step, report.mod)
+        if report.validation_loss is not None:
+            return self._observe_validation(report.step, report.validation_loss)
+        return CONTINUE
 
-    # routing
-    def observe_routing(self, step: int, moe: dict, configured_coef: float) -> float | None:
-        """A new aux-loss coefficient, or None to keep it."""
-        if not self.settings.moe_balance or not moe:
-            return None
-        for expert in moe.get("dead_experts", []):
-            self.dead_streak[expert] = self.dead_streak.get(expert, 0) + 1
-            if self.dead_streak[expert] == self.settings.balance_windows:
-                self.decide(step, {"dead_expert": expert, "windows": self.dead_streak[expert]}, "report dead expert")
-        for expert in list(self.dead_streak):
-            if expert not in moe.get("dead_experts", []):
-                del self.dead_streak[expert]
-        coef = self.state.aux_coef if self.state.aux_coef is not None else configured_coef
+    def _observe_moe(self, step: int, moe: dict) -> None:
+        if not self.settings.moe_balance or self.knobs.aux_coef is None:
+            return
+        dead = set(moe.get("dead_experts", []))
+        self.dead_streak = {e: self.dead_streak.get(e, 0) + 1 for e in dead}
+        for expert, windows in sorted(self.dead_streak.items()):
+            if windows == self.settings.balance_windows:
+                self._decide(step, {"dead_expert": expert, "windows": windows}, "report dead expert")
+        coef, configured = self.knobs.aux_coef, self.defaults.aux_coef
         balance = moe["load_balance"]
+        trigger = {"load_balance": balance, "threshold": self.settings.balance_threshold}
         if balance < self.settings.balance_threshold:
             self.low_balance += 1
             if self.low_balance >= self.settings.balance_windows and coef < self.settings.aux_coef_max:
-                self.state.aux_coef = min(coef * self.settings.aux_coef_factor, self.settings.aux_coef_max)
+                self.knobs = replace(self.knobs, aux_coef=min(coef * self.settings.aux_coef_factor,
+                                                              self.settings.aux_coef_max))
                 self.low_balance = 0
-                self.decide(step, {"load_balance": balance, "threshold": self.settings.balance_threshold},
-                            "raise the aux-loss coefficient")
-                return self.state.aux_coef
+                self._decide(step, trigger, "raise the aux-loss coefficient")
         else:
             self.low_balance = 0
-            if coef > configured_coef:
-                self.state.aux_coef = max(coef / self.settings.aux_coef_factor, configured_coef)
-                self.decide(step, {"load_balance": balance, "threshold": self.settings.balance_threshold},
-                            "lower the aux-loss coefficient")
-                return self.state.aux_coef
-        return None
+            if coef > configured:
+                self.knobs = replace(self.knobs, aux_coef=max(coef / self.settings.aux_coef_factor, configured))
+                self._decide(step, trigger, "lower the aux-loss coefficient")
 
-    def observe_validation(self, step: int, loss: float) -> str | None:
-        """Plateau: scale the LR after `plateau_patience` evaluations without improvement; 'stop' after
-        `early_stopping_patience` of them."""
-        if self.state.best_validation is None or loss < self.state.best_validation - self.settings.min_improvement:
-            self.state.best_validation = loss
-            self.state.evals_without_improvement = 0
-            return None
-        self.state.evals_without_improvement += 1
-        waited = self.state.evals_without_improvement
-        trigger = {"validation_loss": loss, "best": self.state.best_validation,
-                   "evaluations_without_improvement": waited}
-        if self.settings.early_stopping_patience and waited >= self.settings.early_stopping_patience:
-            self.decide(step, trigger, "stop early")
-            return "stop"
-        if self.settings.plateau_patience and waited % self.settings.plateau_patience == 0:
-            self.state.lr_scale *= self.settings.plateau_factor
-            self.decide(step, trigger, "scale the learning rate (plateau)")
-            return "lr"
-        return None
-
-    def observe_mod(self, step: int, mod: dict, capacity: float) -> float | None:
-        """MoD: move the capacity toward the FLOPs target (FLOPs / unrouted FLOPs), within bounds."""
+    def _observe_mod(self, step: int, mod: dict) -> None:
+        """Move the capacity toward the FLOPs target (FLOPs / unrouted FLOPs), within bounds."""
         target = self.settings.mod_flops_target
-        if target is None or not mod:
-            return None
+        if target is None:
+            return
         low, high = self.settings.mod_capacity_bounds
+        capacity = mod["capacity"]
         measured = 1.0 - mod["flops_reduction"]
         new = min(max(capacity + 0.5 * (target - measured), low), high)
         if abs(new - capacity) < 1e-3:
-            return None
-        self.state.mod_capacity = new
-        self.decide(step, {"flops_fraction": measured, "target": target}, "adjust MoD capacity")
-        return new
+            return
+        self.steered_capacity = new
+        self._decide(step, {"flops_fraction": measured, "target": target, "capacity": capacity},
+                     "adjust MoD capacity")
+
+    def _observe_validation(self, step: int, loss: float) -> Verdict:
+        """Plateau: scale the LR after `plateau_patience` evaluations without improvement; stop after
+        `early_stopping_patience` of them."""
+        if self.best_validation is None or loss < self.best_validation - self.settings.min_improvement:
+            self.best_validation = loss
+            self.evals_without_improvement = 0
+            return CONTINUE
+        self.evals_without_improvement += 1
+        waited = self.evals_without_improvement
+        trigger = {"validation_loss": loss, "best": self.best_validation, "evaluations_without_improvement": waited}
+        if self.settings.early_stopping_patience and waited >= self.settings.early_stopping_patience:
+            self._decide(step, trigger, "stop early")
+            return Verdict(Action.STOP, f"validation loss has not improved for {waited} evaluations")
+        if self.settings.plateau_patience and waited % self.settings.plateau_patience == 0:
+            self.knobs = replace(self.knobs, lr_scale=self.knobs.lr_scale * self.settings.plateau_factor)
+            self._decide(step, trigger, "scale the learning rate (plateau)")
+        return CONTINUE
+
+    # persistence
+    _STATE = ("steered_capacity", "rollbacks", "best_validation", "evals_without_improvement", "losses",
+              "nonfinite", "spiking", "overflow_run", "low_balance", "dead_streak")
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to decide as this one would (JSON-serialisable)."""
+        return {"knobs": asdict(self.knobs), **{name: getattr(self, name) for name in self._STATE}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.knobs = Knobs(**state["knobs"])
+        for name in self._STATE:
+            setattr(self, name, state[name])
 
     def close(self) -> None:
         if self._file:
             self._file.close()
+            self._file = None

@@ -1,125 +1,71 @@
-"""The training run: build the model and data, train through the DeepSpeed engine, write the output contract.
+"""The training run: build once, then one way through every step.
 
-Outputs in OUTPUT_DIR: metrics.jsonl (one object per logged step), summary.json, final/ (save_pretrained),
+    batch -> engine (forward, backward, step) -> step report -> controller verdict -> metrics, validation and
+    checkpoint, each at its own cadence -> the controller's knobs applied in one place before the next step.
+
+Outputs in OUTPUT_DIR: metrics.jsonl (one record per logged step), summary.json, final/ (save_pretrained),
 checkpoints/ (DeepSpeed checkpoints; a run started again with the same command continues from the latest).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import shlex
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 
-import deepspeed
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed
-from ..data import TrainingData, build_training_data
+from ..data import build_training_data
 from ..hub import HubPusher, model_card
-from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
+from ..models import AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts
 from . import checkpoint
 from .arguments import ConfigError, RunSettings, check_precision, parse
-from .controller import Controller, ControllerState, SimulatedOOM, TrainingStopped, controller_settings
+from .controller import Action, Controller, StepReport, TrainingStopped, Verdict, WindowReport, controller_settings
+from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
 from .final import save_final
 from .metrics import MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
-from .optim import parameter_groups, scheduler_factory
+from .output_dir import prepare_output_dir, write_identity
+from .validation import Validator
 
 logger = logging.getLogger(__name__)
 
 
+class TrainerHooks:
+    """Points where tests inject real faults (tests/helpers/faults.py); the production run installs none."""
+
+    def on_start(self, trainer: Trainer) -> None: ...
+
+    def before_step(self, trainer: Trainer, step: int) -> None: ...
+
+    def before_micro_batch(self, trainer: Trainer, step: int, index: int, micro_batch: int) -> None: ...
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's failure (a RuntimeError) under a memory limit."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(error))
+
+
 @dataclass
-class Run:
-    """What the loop needs, built once."""
-
-    engine: deepspeed.DeepSpeedEngine
-    config: AdaptiveDSConfig
-    settings: RunSettings
-    data: TrainingData
-    output_dir: str
-    micro: int
-    accum: int
-    identity: dict  # what a checkpoint must match to be resumed by this run
-    clock: PhaseClock  # where this process's wall time went (summary.json's time_breakdown_s)
-    controller: Controller | None = None
-    base_lrs: list[float] | None = None  # the schedule's peak learning rates before any controller scaling
-    data_steps: int = 0  # step batches this rank has read (rollbacks skip data, so it can exceed the step)
-    pusher: HubPusher | None = None  # rank 0, with --push_to_hub
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.micro * self.accum * distributed.world_size() * self.data.seq_len
+class StepResult:
+    loss: torch.Tensor  # the step's LM loss per target token over all ranks (a device scalar)
+    overflow: bool  # DeepSpeed's fp16 loss scaler skipped the step
 
 
-def _prepare_output_dir(settings: RunSettings) -> tuple[str, str | None]:
-    """A new or empty directory, or one with a checkpoint to resume; agreed on by every rank."""
-    path = settings.output_dir or f"runs/{settings.preset}-{settings.arch}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = distributed.broadcast_object(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"output_dir {path!r} is a file; pass a new or empty --output_dir")
-    tag = checkpoint.latest_tag(path) if os.path.isdir(path) else None
-    if tag is None and os.path.isdir(path) and os.listdir(path):
-        raise ConfigError(f"output_dir {path!r} already holds files but no checkpoint; pass a new or empty "
-                          "--output_dir")
-    if tag is not None and settings.resume == "never":
-        raise ConfigError(f"output_dir {path!r} holds checkpoint {tag}; pass --resume auto to continue it or a new "
-                          "--output_dir")
-    dist.barrier()  # every rank has checked before rank 0 creates it
-    if distributed.rank() == 0:
-        os.makedirs(path, exist_ok=True)
-    return path, tag
-
-
-def _mean_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.item() / distributed.world_size()
-
-
-@torch.no_grad()
-def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> float:
-    """Mean LM loss over held-out batches (the model in eval mode), averaged over ranks.
-
-    MoD blocks route with `mod_routing`: "causal" (the predictor; what generation does, the honest figure)
-    or "topk" (the train-time rule, which sees the whole sequence).
-    """
-    model = engine.module.model
-    engine.eval()
-    model.set_mod_routing(mod_routing)
-    losses = [engine(**{k: v.to(engine.device) for k, v in b.items()}).lm_loss.item() for b in batches]
-    model.set_mod_routing("causal")
-    engine.train()
-    return _mean_over_ranks(sum(losses) / len(losses))
-
-
-def _validation(run: Run, batches: list[dict]) -> dict:
-    with run.clock.phase("eval"):
-        losses = {"validation_loss": evaluate(run.engine, batches)}
-        if run.config.uses_mod:
-            losses["validation_loss_topk_routing"] = evaluate(run.engine, batches, "topk")
-    return losses
-
-
-def mod_capacity_at(step: int, target: float, warmup_steps: int) -> float:
-    """Capacity schedule: linear from 1.0 at step 0 to `target` at `warmup_steps`, constant afterwards."""
-    if step >= warmup_steps:
-        return target
-    return 1.0 + (target - 1.0) * step / warmup_steps
-
-
-def _token_budget(settings: RunSettings) -> int | None:
-    """A numeric --tokens budget (chinchilla needs the model and is resolved after it is configured)."""
-    if settings.tokens is None or settings.tokens == "chinchilla":
-        return None
-    return int(settings.tokens)
+def _resolve_steps(settings: RunSettings, config, tokens_per_step: int) -> RunSettings:
+    """max_steps from a token budget (a number, or chinchilla: 20 tokens per parameter, Hoffmann et al. 2022)."""
+    if settings.tokens is None:
+        return settings
+    budget = 20 * parameter_counts(config).total if settings.tokens == "chinchilla" else int(settings.tokens)
+    return replace(settings, max_steps=max(1, -(-budget // tokens_per_step)))
 
 
 def _cap_gpu_memory(gib: float) -> None:
@@ -134,184 +80,339 @@ def _cap_gpu_memory(gib: float) -> None:
     logger.info("CUDA memory capped at %.1f GiB of %.1f GiB", gib, total / 2**30)
 
 
-def _build(argv: list[str] | None, clock: PhaseClock) -> tuple[Run, str | None]:
-    # Validate before joining the process group: bad input should cost nothing and touch nothing.
-    settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
-    distributed.init_distributed()
-    check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
-    if settings.gpu_memory_gib:
-        _cap_gpu_memory(settings.gpu_memory_gib)
-    seq_len = PRESETS[settings.preset].seq_len
-    world = distributed.world_size()
-    tokens_per_step = (ds_config["train_micro_batch_size_per_gpu"] * ds_config.get("gradient_accumulation_steps", 1)
-                       * world * seq_len)
-    budget = _token_budget(settings)
-    epoch_blocks = None
-    if budget is not None:
-        settings.max_steps = max(1, -(-budget // tokens_per_step))
-        epoch_blocks = -(-budget // (settings.epochs * world * seq_len)) if settings.epochs > 1 else None
-    with clock.phase("data"):
-        data = build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
-                                   text_field=settings.text_field, hub_config=settings.data_config,
-                                   validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
-    tok = data.tokenizer
-    config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, **settings.model)
-    if settings.tokens == "chinchilla":  # 20 tokens per parameter (Hoffmann et al. 2022)
-        settings.max_steps = max(1, -(-20 * parameter_counts(config).total // tokens_per_step))
-        if settings.epochs > 1:
-            data.epoch_blocks = -(-20 * parameter_counts(config).total // (settings.epochs * world * seq_len))
-    if settings.warmup_steps >= settings.max_steps:
-        logger.warning("warmup_steps %d >= max_steps %d: the learning rate never reaches its peak; pass "
-                       "--warmup_steps (e.g. %d, 5%% of the steps)", settings.warmup_steps, settings.max_steps,
-                       max(1, settings.max_steps // 20))
-    output_dir, resume_tag = _prepare_output_dir(settings)
-    if resume_tag and checkpoint.read_run_state(output_dir, resume_tag)["identity"]["world_size"] != world:
-        # A different number of processes: ZeRO must re-partition, from DeepSpeed's universal checkpoint.
-        ds_config.setdefault("checkpoint", {})["load_universal"] = True
-
-    torch.manual_seed(settings.seed)
-    model = AdaptiveDSForCausalLM(config)
-    weight_decay = ds_config["optimizer"].get("params", {}).get("weight_decay", 0.0)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=parameter_groups(model, weight_decay), config=ds_config,
-        lr_scheduler=scheduler_factory(settings.warmup_steps, settings.max_steps, settings.min_lr_ratio),
-    )
-    if settings.compile:
-        engine.compile()  # in place: the module keeps its parameter names, so checkpoints and final/ are unchanged
-    micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
-    identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
-                "tokenizer": settings.tokenizer if settings.data != "embedded" else "embedded",
-                "world_size": distributed.world_size(), "rows_per_rank_step": micro * accum,
-                "model": config.to_dict()}
-    identity = json.loads(json.dumps(identity))  # as it reads back from run.json
-    run = Run(engine, config, settings, data, output_dir, micro, accum, identity, clock,
-              base_lrs=list(engine.lr_scheduler.base_lrs))
-    run.controller = Controller(controller_settings(settings.controller), ControllerState(micro, accum),
-                                output_dir if distributed.rank() == 0 else None)
-    if settings.micro_batch == "auto" and not resume_tag:
-        # The first step is the search: the whole step in one micro-batch, halved on out-of-memory.
-        run.controller.state.micro_batch, run.controller.state.accumulation = micro * accum, 1
-        run.controller.decide(0, {"requested_rows_per_rank_step": micro * accum},
-                              "micro-batch auto: start at the whole step, halve on out-of-memory")
-    _apply_controller_state(run)
-    return run, resume_tag
-
-
-def _resume(run: Run, tag: str) -> int:
-    """Load checkpoint `tag`; returns the step it was taken at. metrics.jsonl is cut back to that step.
-
-    On a different number of processes the checkpoint is converted to DeepSpeed's universal format first; the
-    model, optimizer and schedule continue exactly, and each rank resumes its own data stream at that step.
-    """
-    saved = checkpoint.read_run_state(run.output_dir, tag)
-    where = os.path.join(run.output_dir, "checkpoints", tag)
-    same_world = saved["identity"]["world_size"] == run.identity["world_size"]
-    expected = run.identity if same_world else {**run.identity, "world_size": saved["identity"]["world_size"]}
-    checkpoint.check_compatible(saved["identity"], expected, where)
-    if same_world:
-        checkpoint.load(run.engine, run.output_dir, tag)
-    else:
-        logger.warning("resuming a %d-process checkpoint on %d processes through DeepSpeed's universal format",
-                       saved["identity"]["world_size"], run.identity["world_size"])
-        checkpoint.load(run.engine, run.output_dir, checkpoint.universal_tag(run.output_dir, tag), rng_tag=tag)
-    step = saved["step"]
-    run.data_steps = saved["data_steps"]
-    run.controller.state = ControllerState(**saved["controller"])
-    _apply_controller_state(run)  # a resumed run starts from the settings that worked
-    if distributed.rank() == 0:
-        path = os.path.join(run.output_dir, "metrics.jsonl")
-        if os.path.exists(path):
-            with open(path) as f:
-                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-            with open(path, "w") as f:
-                f.writelines(kept)
-    logger.info("resumed from %s at step %d", tag, step)
-    return step
-
-
-def _save(run: Run, step: int, train_loss: float) -> None:
-    state = {"step": step, "data_steps": run.data_steps, "identity": run.identity,
-             "controller": asdict(run.controller.state)}
-    checkpoint.save(run.engine, run.output_dir, step, state, run.settings.keep_last, run.data.tokenizer)
-    if run.settings.push_to_hub and run.settings.push_every_save and step < run.settings.max_steps:
-        staging = os.path.join(run.output_dir, "checkpoints", "hub_snapshot")
-        save_final(run.engine.module, run.data.tokenizer, staging, is_writer=distributed.rank() == 0,
-                   zero_stage=run.engine.zero_optimization_stage())
-        if run.pusher:
-            card = model_card({**_card_facts(run), "steps": step, "tokens_seen": step * run.tokens_per_step,
-                               "train_loss": train_loss}, _command())
-            run.pusher.push_in_background(staging, card, f"checkpoint at step {step}")
-
-
 def _command() -> str:
     return shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
 
 
-def _card_facts(run: Run) -> dict:
-    counts = parameter_counts(run.config)
-    return {"preset": run.settings.preset, "arch": run.settings.arch, "total_parameters": counts.total,
-            "active_parameters": counts.active}
+class Trainer:
+    """One training run. `build` does everything that can fail on bad input or a bad checkpoint; `run` trains."""
+
+    def __init__(self, argv: list[str] | None, clock: PhaseClock, hub_api=None, hooks: TrainerHooks | None = None):
+        self.clock, self.hooks = clock, hooks or TrainerHooks()
+        # Validate before joining the process group: bad input should cost nothing and touch nothing.
+        settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
+        distributed.init_distributed()
+        self.rank, self.world = distributed.rank(), distributed.world_size()
+        check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
+        if settings.gpu_memory_gib:
+            _cap_gpu_memory(settings.gpu_memory_gib)
+        seq_len = PRESETS[settings.preset].seq_len
+        rows_per_rank = ds_config["train_micro_batch_size_per_gpu"] * ds_config.get("gradient_accumulation_steps", 1)
+        self.rows_per_step = rows_per_rank * self.world  # the global batch, constant whatever the split
+        self.tokens_per_step = self.rows_per_step * seq_len
+        with clock.phase("data"):
+            epoch_blocks = None
+            if settings.tokens not in (None, "chinchilla") and settings.epochs > 1:
+                epoch_blocks = -(-int(settings.tokens) // (settings.epochs * self.world * seq_len))
+            self.data = build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
+                                            text_field=settings.text_field, hub_config=settings.data_config,
+                                            validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
+        tok = self.data.tokenizer
+        self.config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
+                                   pad_token_id=tok.pad_token_id, **settings.model)
+        self.settings = settings = _resolve_steps(settings, self.config, self.tokens_per_step)
+        if settings.warmup_steps >= settings.max_steps:
+            logger.warning("warmup_steps %d >= max_steps %d: the learning rate never reaches its peak; pass "
+                           "--warmup_steps (e.g. %d, 5%% of the steps)", settings.warmup_steps, settings.max_steps,
+                           max(1, settings.max_steps // 20))
+        self.identity = checkpoint.run_identity(settings, self.world, rows_per_rank, self.config)
+        self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
+        if self.resume_tag and checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"][
+                "world_size"] != self.world:
+            # A different number of processes: ZeRO must re-partition, from DeepSpeed's universal checkpoint.
+            ds_config.setdefault("checkpoint", {})["load_universal"] = True
+
+        torch.manual_seed(settings.seed)
+        self.engine = build_engine(AdaptiveDSForCausalLM(self.config), ds_config, settings.warmup_steps,
+                                   settings.max_steps, settings.min_lr_ratio, settings.compile)
+        self.base_lrs = list(self.engine.lr_scheduler.base_lrs)  # the schedule's peaks, before any knob
+        is_writer = self.rank == 0
+        self.controller = Controller(controller_settings(settings.controller),
+                                     configured_knobs(self.engine, settings.activation_checkpointing),
+                                     os.path.join(self.output_dir, "decisions.jsonl") if is_writer else None,
+                                     settings.mod_capacity_warmup_steps)
+        if settings.micro_batch == "auto" and not self.resume_tag:
+            self.controller.start_micro_batch_search()
+        self.applied = None
+        self.checkpointer = checkpoint.Checkpointer(self.output_dir, settings.save_steps, settings.keep_last)
+        self.metrics = MetricsWriter(self.output_dir if is_writer else None, settings.report_to,
+                                     os.path.basename(self.output_dir), self.identity)
+        self.window = RoutingWindow(self.config)
+        self.pusher = HubPusher(settings.push_to_hub, hub_api) if settings.push_to_hub and is_writer else None
+        self.data_steps = 0  # step batches read (a rollback skips data, so it can exceed the step)
+        self.start_step = 0
+        if is_writer:
+            write_identity(self.output_dir, self.identity)
+
+    # knobs
+    def apply(self, step: int) -> None:
+        """The one place the controller's knobs reach the engine and model: before each step, if they changed."""
+        knobs = self.controller.knobs_at(step)
+        if knobs != self.applied:
+            apply_knobs(self.engine, knobs, self.base_lrs)
+            self.applied = knobs
+
+    # state
+    def state_dict(self, step: int, loss: float) -> dict:
+        return {"step": step, "data_steps": self.data_steps, "loss": loss, "identity": self.identity,
+                "controller": self.controller.state_dict()}
+
+    def _resume(self) -> None:
+        """Continue from `resume_tag`: engine, optimizer, schedule and RNG from DeepSpeed's files, the controller
+        and data position from run.json; metrics recorded after the checkpoint are marked abandoned."""
+        saved = checkpoint.resume(self.engine, self.output_dir, self.resume_tag, self.identity)
+        self.start_step, self.data_steps = saved["step"], saved["data_steps"]
+        self.controller.load_state_dict(saved["controller"])
+        self.metrics.rewind(self.start_step, f"resumed from the checkpoint at step {self.start_step}")
+        logger.info("resumed from %s at step %d", self.resume_tag, self.start_step)
+
+    def _roll_back(self, step: int) -> int:
+        """Back to the latest healthy checkpoint's weights and optimizer; the controller keeps its new knobs."""
+        tag = checkpoint.latest_tag(self.output_dir)
+        if tag is None:
+            raise TrainingStopped(f"the loss went bad at step {step} but there is no checkpoint to roll back to; "
+                                  "set save_steps")
+        saved = checkpoint.load(self.engine, self.output_dir, tag)
+        self.controller.rolled_back()
+        self.applied = None  # the load restored the scheduler's learning rates: apply the knobs again
+        back = saved["step"]
+        self.metrics.rewind(back, f"rolled back at step {step} to the checkpoint at step {back}")
+        self.window.reset()
+        return back
+
+    # one step
+    def _train_step(self, step: int, rows: dict) -> StepResult:
+        """One optimizer step over this rank's `rows`; on out-of-memory the controller re-splits and it is
+        retried on the same rows.
+
+        The LM loss is normalised by the whole step's target-token count (every micro-batch of every rank), as
+        transformers does with `num_items_in_batch`: each micro-batch passes its summed token loss divided by
+        targets / (world x accumulation), which the engine's 1/accumulation scaling and the gradient average over
+        ranks turn into (summed loss of the step) / (targets of the step). So a step's result does not depend on
+        how it is split into micro-batches and ranks.
+        """
+        engine = self.engine
+        micro_steps_before = engine.micro_steps
+        targets = (rows["labels"][:, 1:] != -100).sum().to(engine.device, torch.float32)
+        if self.world > 1:
+            dist.all_reduce(targets)  # on the device: no host synchronisation
+        while True:
+            try:
+                return self._micro_batches(step, rows, targets)
+            except (torch.OutOfMemoryError, RuntimeError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                discard_partial_step(engine, micro_steps_before)
+                verdict = self.controller.on_oom(step, error)
+                if verdict.action is Action.STOP:
+                    raise TrainingStopped(verdict.reason) from error
+                self.apply(step)
+
+    def _micro_batches(self, step: int, rows: dict, targets: torch.Tensor) -> StepResult:
+        engine, knobs = self.engine, self.applied
+        divisor = targets / (self.world * knobs.accumulation)
+        loss = torch.zeros((), device=engine.device)
+        outputs = []
+        for index, start in enumerate(range(0, rows["input_ids"].shape[0], knobs.micro_batch)):
+            self.hooks.before_micro_batch(self, step, index, knobs.micro_batch)
+            batch = {k: v[start:start + knobs.micro_batch].to(engine.device, non_blocking=True)
+                     for k, v in rows.items()}
+            out = engine(**batch, num_items_in_batch=divisor)
+            engine.backward(out.loss)
+            engine.step()
+            loss += out.lm_loss.detach()
+            outputs.append(out)
+        for out in outputs:  # only once the whole step succeeded: a retried step counts once
+            self.window.add(out)
+        loss /= knobs.accumulation
+        if self.world > 1:
+            dist.all_reduce(loss)
+            loss /= self.world
+        return StepResult(loss, not engine.was_step_applied())
+
+    # the run
+    def run(self) -> dict:
+        clock, settings = self.clock, self.settings
+        with clock.phase("checkpoint"):
+            if self.resume_tag:
+                self._resume()
+            else:  # a start, or a start over after an attempt that saved nothing: no earlier record stands
+                self.metrics.rewind(0, "the run started over before its first checkpoint")
+        self.hooks.on_start(self)
+        counts = parameter_counts(self.config)
+        knobs = self.controller.knobs
+        logger.info("%s %s: %s parameters (%s active), %d process(es), micro-batch %d x accumulation %d, seq %d",
+                    settings.preset, settings.arch, f"{counts.total:,}", f"{counts.active:,}", self.world,
+                    knobs.micro_batch, knobs.accumulation, self.data.seq_len)
+        stats = self.data.statistics
+        if stats:
+            logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",
+                        stats.entropy_floor, stats.unigram_entropy)
+        with clock.phase("data"):
+            validator = Validator(self.data.validation_batches(self.controller.defaults.micro_batch,
+                                                               settings.eval_batches),
+                                  settings.eval_steps, self.config.uses_mod)
+        last_step, train_loss = self._train_loop(validator)
+        summary = {"train_loss": train_loss, "steps": last_step, "tokens_seen": last_step * self.tokens_per_step}
+        with clock.phase("eval"):
+            summary.update(validator.run(self.engine))
+        with clock.phase("checkpoint"):
+            if not self.controller.healthy:
+                logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
+            elif self.checkpointer.last_saved != last_step and last_step > self.start_step:
+                self.checkpointer.save(self.engine, last_step, self.state_dict(last_step, train_loss),
+                                       self.data.tokenizer)
+            save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
+                       is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
+        summary.update(self._summary_facts(summary, last_step, counts))
+        self.metrics.close()
+        self.controller.close()
+        if self.rank == 0:
+            checkpoint.write_json(os.path.join(self.output_dir, "summary.json"), summary)
+            logger.info("summary: %s", _describe(summary))
+            self._optional_outputs(summary, last_step)
+        return summary
+
+    def _summary_facts(self, summary: dict, last_step: int, counts) -> dict:
+        breakdown = self.clock.breakdown()
+        trained_tokens = (last_step - self.start_step) * self.tokens_per_step
+        val_loss = summary["validation_loss"]
+        facts = dict(
+            preset=self.settings.preset, arch=self.settings.arch, world_size=self.world, seq_len=self.data.seq_len,
+            final_perplexity=math.exp(val_loss), resumed_from_step=self.start_step,
+            total_parameters=counts.total, active_parameters=counts.active, compiled=self.engine.is_compiled,
+            wall_time_s=breakdown["total"], time_breakdown_s=breakdown,
+            training_tokens_per_s=trained_tokens / breakdown["train"] if breakdown["train"] else None,
+            peak_memory=peak_memory(),
+        )
+        stats = self.data.statistics
+        if stats:
+            facts.update(entropy_floor=stats.entropy_floor, unigram_entropy=stats.unigram_entropy,
+                         captured=stats.captured(val_loss))
+        return facts
+
+    def _optional_outputs(self, summary: dict, last_step: int) -> None:
+        """After summary.json and final/ are on disk: the plot and the Hub push, which may fail on their own."""
+        stats = self.data.statistics
+        plot_losses(os.path.join(self.output_dir, "metrics.jsonl"), os.path.join(self.output_dir, "loss.png"),
+                    stats.entropy_floor if stats else None, (last_step, summary["validation_loss"]))
+        if self.pusher:
+            self.pusher.wait()
+            self.pusher.push(os.path.join(self.output_dir, "final"), model_card(summary, _command()), "final model")
+            summary["hub_push"] = {"repo": self.pusher.repo_id, "pushed": self.pusher.pushed,
+                                   "failures": self.pusher.failures}
+            checkpoint.write_json(os.path.join(self.output_dir, "summary.json"), summary)
+
+    def _train_loop(self, validator: Validator) -> tuple[int, float]:
+        clock, settings, controller = self.clock, self.settings, self.controller
+        with clock.phase("data"):
+            batches = self.data.step_batches(self.data_steps, self.rows_per_step, self.rank, self.world)
+        bar = tqdm(total=settings.max_steps, initial=self.start_step, disable=self.rank != 0, dynamic_ncols=True,
+                   desc="train")
+        window = _Window(clock)
+        step, train_loss = self.start_step, float("nan")
+        with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
+            while step < settings.max_steps:
+                step += 1
+                self.apply(step)
+                self.hooks.before_step(self, step)
+                with clock.phase("data"):
+                    rows = next(batches)
+                with clock.phase("train"):
+                    result = self._train_step(step, rows)
+                    loss = result.loss.item()  # the one host read of a step: the spike rule needs it
+                self.data_steps += 1
+                verdict = controller.observe_step(StepReport(step, loss, result.overflow))
+                if verdict.action is Action.ROLL_BACK:
+                    with clock.phase("checkpoint"):
+                        step = self._roll_back(step)  # the data already read is skipped, not replayed
+                    bar.n = step
+                    window.restart()
+                    continue
+                _raise_if_failed(verdict)
+                window.add(loss, self.tokens_per_step)
+                bar.update(1)
+                if step % settings.log_steps == 0 or step == settings.max_steps:
+                    train_loss, verdict = self._log_window(step, window, validator, bar)
+                    if verdict.action is Action.STOP:  # early stopping: the run ends here, saved as usual
+                        break
+                if self.checkpointer.due(step, settings.max_steps) and controller.healthy:
+                    with clock.phase("checkpoint"):
+                        self.checkpointer.save(self.engine, step, self.state_dict(step, loss), self.data.tokenizer)
+                        self._push_checkpoint(step, loss)
+        bar.close()
+        return step, train_loss
+
+    def _log_window(self, step: int, window: _Window, validator: Validator, bar) -> tuple[float, Verdict]:
+        record = {"step": step, "loss": window.mean_loss(), "lr": self.engine.get_lr()[0],
+                  "micro_batch": self.applied.micro_batch, "accumulation": self.applied.accumulation,
+                  "tokens_per_s": window.tokens_per_s(), "tokens_seen": step * self.tokens_per_step,
+                  "skipped_steps": self.engine.skipped_steps, "elapsed_s": self.clock.elapsed(),
+                  **self.window.summary()}
+        if self.config.uses_mod:
+            record["mod"]["capacity"] = self.applied.mod_capacity
+        if validator.should_run(step):
+            with self.clock.phase("eval"):
+                record.update(validator.run(self.engine))
+        stats = self.data.statistics
+        if stats:
+            record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(record["loss"]))
+        self.metrics.write(record)
+        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
+        val = f" validation {record['validation_loss']:.4f}" if "validation_loss" in record else ""
+        logger.info("step %d/%d loss %.4f%s%s lr %.2e %.0f tokens/s", step, self.settings.max_steps,
+                    record["loss"], floor, val, record["lr"], record["tokens_per_s"])
+        verdict = self.controller.observe_window(WindowReport(step, record.get("moe"), record.get("mod"),
+                                                              record.get("validation_loss")))
+        _raise_if_failed(verdict)
+        self.window.reset()
+        window.restart()
+        return record["loss"], verdict
+
+    def _push_checkpoint(self, step: int, loss: float) -> None:
+        if not (self.settings.push_to_hub and self.settings.push_every_save):
+            return
+        staging = os.path.join(self.output_dir, "checkpoints", "hub_snapshot")
+        save_final(self.engine.module, self.data.tokenizer, staging, is_writer=self.rank == 0,
+                   zero_stage=self.engine.zero_optimization_stage())
+        if self.pusher:
+            counts = parameter_counts(self.config)
+            facts = {"preset": self.settings.preset, "arch": self.settings.arch, "total_parameters": counts.total,
+                     "active_parameters": counts.active, "steps": step,
+                     "tokens_seen": step * self.tokens_per_step, "train_loss": loss}
+            self.pusher.push_in_background(staging, model_card(facts, _command()), f"checkpoint at step {step}")
 
 
-def train(argv: list[str] | None = None, hub_api=None, process_started: float | None = None) -> dict:
-    """Run training as the command line `argv` says; returns the summary (on every rank).
+class _Window:
+    """The step losses and busy time of one logging window (tokens/s counts data and train time only)."""
 
-    `hub_api` replaces `huggingface_hub.HfApi()` for --push_to_hub (tests use a local stand-in).
-    `process_started` (epoch seconds): when the process began, so that start-up counts in the setup time.
-    """
-    distributed.setup_logging()
-    clock = PhaseClock(process_started)
-    with clock.phase("setup"):
-        run, resume_tag = _build(argv, clock)
-    if run.settings.push_to_hub and distributed.rank() == 0:
-        run.pusher = HubPusher(run.settings.push_to_hub, hub_api)
-    with clock.phase("checkpoint"):
-        start_step = _resume(run, resume_tag) if resume_tag else 0
-    counts = parameter_counts(run.config)
-    logger.info("%s %s: %s parameters (%s active), %d process(es), micro-batch %d x accumulation %d, seq %d",
-                run.settings.preset, run.settings.arch, f"{counts.total:,}", f"{counts.active:,}",
-                distributed.world_size(), run.micro, run.accum, run.data.seq_len)
-    stats = run.data.statistics
-    if stats:
-        logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",
-                    stats.entropy_floor, stats.unigram_entropy)
+    def __init__(self, clock: PhaseClock):
+        self.clock = clock
+        self.restart()
 
-    with clock.phase("data"):
-        validation = run.data.validation_batches(run.micro, run.settings.eval_batches)
-    summary = _train_loop(run, start_step, validation)
-    summary.update(_validation(run, validation))
-    with clock.phase("checkpoint"):
-        if start_step < run.settings.max_steps:
-            _save(run, run.settings.max_steps, summary["train_loss"])
-        save_final(run.engine.module, run.data.tokenizer, os.path.join(run.output_dir, "final"),
-                   is_writer=distributed.rank() == 0, zero_stage=run.engine.zero_optimization_stage())
-    val_loss = summary["validation_loss"]
-    breakdown = clock.breakdown()
-    trained_tokens = (run.settings.max_steps - start_step) * run.tokens_per_step
-    summary.update(
-        preset=run.settings.preset, arch=run.settings.arch, world_size=distributed.world_size(),
-        seq_len=run.data.seq_len, final_perplexity=math.exp(val_loss), resumed_from_step=start_step,
-        total_parameters=counts.total, active_parameters=counts.active, compiled=run.engine.is_compiled,
-        wall_time_s=breakdown["total"], time_breakdown_s=breakdown,
-        training_tokens_per_s=trained_tokens / breakdown["train"] if breakdown["train"] else None,
-        peak_memory=peak_memory(),
-    )
-    if stats:
-        summary.update(entropy_floor=stats.entropy_floor, unigram_entropy=stats.unigram_entropy,
-                       captured=stats.captured(val_loss))
-    if distributed.rank() == 0:
-        plot_losses(os.path.join(run.output_dir, "metrics.jsonl"), os.path.join(run.output_dir, "loss.png"),
-                    stats.entropy_floor if stats else None, (run.settings.max_steps, val_loss))
-        if run.pusher:
-            run.pusher.wait()
-            run.pusher.push(os.path.join(run.output_dir, "final"), model_card(summary, _command()), "final model")
-            summary["hub_push"] = {"repo": run.pusher.repo_id, "pushed": run.pusher.pushed,
-                                   "failures": run.pusher.failures}
-        with open(os.path.join(run.output_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        logger.info("summary: %s", _describe(summary))
-    return summary
+    def _busy(self) -> float:
+        return self.clock.seconds["data"] + self.clock.seconds["train"]
+
+    def restart(self) -> None:
+        self.losses: list[float] = []
+        self.tokens = 0
+        self.started = self._busy()
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.losses.append(loss)
+        self.tokens += tokens
+
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses)
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self._busy() - self.started, 1e-9)
+
+
+def _raise_if_failed(verdict: Verdict) -> None:
+    if verdict.action is Action.STOP and verdict.failed:
+        raise TrainingStopped(verdict.reason)
 
 
 def _describe(summary: dict) -> str:
@@ -323,156 +424,16 @@ def _describe(summary: dict) -> str:
     return text
 
 
-def _apply_controller_state(run: Run) -> None:
-    """Make the engine follow the controller's settings (after a decision, a resume or a rollback)."""
-    state, engine = run.controller.state, run.engine
-    engine.set_train_micro_batch_size(state.micro_batch)
-    engine.set_train_batch_size(state.micro_batch * state.accumulation * distributed.world_size())
-    run.micro, run.accum = state.micro_batch, state.accumulation
-    engine.module.model.gradient_checkpointing = state.activation_checkpointing or run.settings.activation_checkpointing
-    if state.aux_coef is not None:
-        engine.module.config.router_aux_loss_coef = state.aux_coef
-    scheduler = engine.lr_scheduler
-    scheduler.base_lrs = [lr * state.lr_scale for lr in run.base_lrs]
-    for group, base, factor in zip(engine.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
-                                   strict=False):
-        group["lr"] = base * factor(scheduler.last_epoch)
+def train(argv: list[str] | None = None, hub_api=None, process_started: float | None = None,
+          hooks: TrainerHooks | None = None) -> dict:
+    """Run training as the command line `argv` says; returns the summary (on every rank).
 
-
-def _step_rows(rows: dict, micro: int):
-    """The step's rows on this rank, cut into micro-batches (the same rows whatever the micro-batch size)."""
-    total = rows["input_ids"].shape[0]
-    for start in range(0, total, micro):
-        yield {k: v[start:start + micro] for k, v in rows.items()}
-
-
-def _run_step(run: Run, rows: dict, step: int, window: RoutingWindow) -> list[float]:
-    """One optimizer step over `rows`; on out-of-memory the controller decides and the step is retried."""
-    engine = run.engine
-    micro_steps_before = engine.micro_steps
-    while True:
-        losses, outputs = [], []
-        try:
-            for batch in _step_rows(rows, run.micro):
-                run.controller.inject_oom(step, run.micro)
-                batch = {k: v.to(engine.device) for k, v in batch.items()}
-                out = engine(**batch)
-                engine.backward(out.loss)
-                engine.step()
-                losses.append(out.lm_loss.item())
-                outputs.append(out)
-        except (torch.OutOfMemoryError, SimulatedOOM) as error:
-            del outputs
-            engine.optimizer.zero_grad(set_to_none=True)  # drop the failed step's partial gradients
-            engine.micro_steps = micro_steps_before
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            run.controller.on_oom(step, error)
-            _apply_controller_state(run)
-            continue
-        for out in outputs:
-            window.add(out)
-        run.controller.observe_overflow(step, not engine.was_step_applied())
-        return losses
-
-
-def _rollback(run: Run, step: int) -> int:
-    """Back to the latest checkpoint's weights and optimizer, keeping the controller's new settings."""
-    tag = checkpoint.latest_tag(run.output_dir)
-    if tag is None:
-        raise TrainingStopped(f"loss spike at step {step} but no checkpoint to roll back to; set save_steps")
-    state = run.controller.state
-    checkpoint.load(run.engine, run.output_dir, tag)
-    run.controller.state = state
-    _apply_controller_state(run)
-    return checkpoint.read_run_state(run.output_dir, tag)["step"]
-
-
-def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
-    engine, config, settings = run.engine, run.config, run.settings
-    rank, world = distributed.rank(), distributed.world_size()
-    # Per-step rows of this rank: micro x accumulation, constant when the controller re-splits them.
-    clock = run.clock
-    with clock.phase("data"):
-        batches = run.data.train_batches(run.micro * run.accum, rank, world)
-        for _ in range(run.data_steps):  # the data position: what the checkpointed run consumed
-            next(batches)
-    window = RoutingWindow(config)
-    writer = MetricsWriter(run.output_dir if rank == 0 else None, settings.report_to,
-                           os.path.basename(run.output_dir), run.identity)
-    bar = tqdm(total=settings.max_steps, initial=start_step, disable=rank != 0, dynamic_ncols=True, desc="train")
-    # tokens/s counts the window's data and train phases only (not its evaluation, checkpoints or logging)
-    def busy() -> float:
-        return clock.seconds["data"] + clock.seconds["train"]
-
-    window_losses, window_start, train_loss = [], busy(), float("nan")
-    step = start_step
-    with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
-        while step < settings.max_steps:
-            step += 1
-            if config.uses_mod:
-                capacity = run.controller.state.mod_capacity or mod_capacity_at(
-                    step - 1, config.mod_capacity, settings.mod_capacity_warmup_steps)
-                engine.module.model.set_mod_capacity(capacity)
-            with clock.phase("data"):
-                rows = next(batches)
-            with clock.phase("train"):
-                losses = _run_step(run, rows, step, window)
-                mean_loss = _mean_over_ranks(sum(losses) / len(losses))
-            run.data_steps += 1
-            if run.controller.observe_loss(step, mean_loss) == "rollback":
-                with clock.phase("checkpoint"):
-                    step = _rollback(run, step)  # the data already read is skipped, not replayed
-                bar.n = step
-                window.reset()
-                window_losses, window_start = [], busy()
-                continue
-            window_losses += losses
-            bar.update(1)
-            if step % settings.log_steps == 0 or step == settings.max_steps:
-                record = {"step": step, "loss": _mean_over_ranks(sum(window_losses) / len(window_losses)),
-                          "lr": engine.get_lr()[0], "micro_batch": run.micro, "accumulation": run.accum,
-                          "tokens_per_s": len(window_losses) * run.micro * world * run.data.seq_len
-                          / (busy() - window_start),
-                          "tokens_seen": step * run.tokens_per_step, "skipped_steps": engine.skipped_steps,
-                          "elapsed_s": clock.elapsed(),
-                          **window.summary()}
-                if config.uses_mod:
-                    record["mod"]["capacity"] = capacity
-                plateau = None
-                if settings.eval_steps and step % settings.eval_steps == 0:
-                    record.update(_validation(run, validation))
-                    plateau = run.controller.observe_validation(step, record["validation_loss"])
-                train_loss = record["loss"]
-                _log(run, record, writer, bar)
-                new_coef = run.controller.observe_routing(step, record.get("moe"), config.router_aux_loss_coef)
-                if new_coef is not None:
-                    engine.module.config.router_aux_loss_coef = new_coef
-                if config.uses_mod:
-                    run.controller.observe_mod(step, record["mod"], capacity)
-                if plateau == "lr":
-                    _apply_controller_state(run)
-                elif plateau == "stop":
-                    settings.max_steps = step  # the run ends here, saved and summarised as usual
-                window.reset()
-                window_losses, window_start = [], busy()
-            if settings.save_steps and step % settings.save_steps == 0 and step < settings.max_steps:
-                with clock.phase("checkpoint"):
-                    _save(run, step, train_loss)
-    bar.close()
-    writer.close()
-    run.controller.close()
-    return {"train_loss": train_loss, "tokens_seen": settings.max_steps * run.tokens_per_step,
-            "steps": settings.max_steps}
-
-
-def _log(run: Run, record: dict, writer: MetricsWriter, bar) -> None:
-    stats = run.data.statistics
-    if stats:
-        record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(record["loss"]))
-    writer.write(record)
-    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-    floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
-    val = f" validation {record['validation_loss']:.4f}" if "validation_loss" in record else ""
-    logger.info("step %d/%d loss %.4f%s%s lr %.2e %.0f tokens/s", record["step"], run.settings.max_steps,
-                record["loss"], floor, val, record["lr"], record["tokens_per_s"])
+    `hub_api` replaces `huggingface_hub.HfApi()` for --push_to_hub (tests use a local stand-in).
+    `process_started` (epoch seconds): when the process began, so that start-up counts in the setup time.
+    `hooks`: fault injection for tests (see `TrainerHooks`).
+    """
+    distributed.setup_logging()
+    clock = PhaseClock(process_started)
+    with clock.phase("setup"):
+        trainer = Trainer(argv, clock, hub_api, hooks)
+    return trainer.run()

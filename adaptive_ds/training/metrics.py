@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
+import logging
 import math
 import os
 import resource
@@ -16,6 +18,8 @@ import torch.distributed as dist
 
 from ..flops import training_flops_per_token
 from ..models.configuration import AdaptiveDSConfig
+
+logger = logging.getLogger(__name__)
 
 
 def load_balance(counts: torch.Tensor) -> float:
@@ -31,7 +35,8 @@ def load_balance(counts: torch.Tensor) -> float:
 class RoutingWindow:
     """Routing statistics of the micro-batches since the last log, from the model's outputs.
 
-    `summary()` is collective: every rank calls it at the same step, and MoE loads are summed over ranks.
+    `add` keeps running sums on the device (no host synchronisation per micro-batch); `summary()` reads them once
+    per window and is collective: every rank calls it at the same step, and MoE loads are summed over ranks.
     """
 
     def __init__(self, config: AdaptiveDSConfig):
@@ -44,57 +49,62 @@ class RoutingWindow:
 
     def reset(self) -> None:
         self.expert_counts: torch.Tensor | None = None  # (moe layers, experts) demand
-        self.dropped = 0.0
-        self.aux_losses: list[float] = []
-        self.z_losses: list[float] = []
+        self.dropped: torch.Tensor | float = 0.0
+        self.aux_loss: torch.Tensor | float = 0.0
+        self.z_loss: torch.Tensor | float = 0.0
+        self.moe_outputs = 0
         self.routed: torch.Tensor | None = None  # (mod blocks,) tokens that ran each block
         self.offered = 0  # tokens offered to each MoD block
-        self.predictor_correct = 0.0
-        self.predictor_tokens = 0
-        self.predictor_losses: list[float] = []
+        self.predictor_correct: torch.Tensor | float = 0.0
+        self.predictor_tokens: torch.Tensor | float = 0.0
+        self.predictor_loss: torch.Tensor | float = 0.0
+        self.predictor_outputs = 0
 
     def add(self, output) -> None:
         if output.expert_counts is not None:
-            counts = torch.stack([c.detach().float().cpu() for c in output.expert_counts])
+            counts = torch.stack([c.detach().float() for c in output.expert_counts])
             self.expert_counts = counts if self.expert_counts is None else self.expert_counts + counts
-            self.dropped += sum(float(d) for d in output.expert_dropped)
-            self.aux_losses.append(output.aux_loss.item())
-            self.z_losses.append(output.z_loss.item())
+            self.dropped = self.dropped + torch.stack([d.float() for d in output.expert_dropped]).sum()
+            self.aux_loss = self.aux_loss + output.aux_loss.detach()
+            self.z_loss = self.z_loss + output.z_loss.detach()
+            self.moe_outputs += 1
         if output.mod_routing is not None:
-            routed = torch.tensor([float(r.routed.sum()) for r in output.mod_routing])
+            routed = torch.stack([r.routed.sum() for r in output.mod_routing]).float()
             self.routed = routed if self.routed is None else self.routed + routed
             self.offered += output.mod_routing[0].routed.numel()
             if output.mod_predictor_loss is not None:
-                self.predictor_correct += sum(float(r.predictor_correct) for r in output.mod_routing)
-                self.predictor_tokens += sum(r.predictor_tokens for r in output.mod_routing)
-                self.predictor_losses.append(output.mod_predictor_loss.item())
+                self.predictor_correct = self.predictor_correct + sum(r.predictor_correct for r in output.mod_routing)
+                self.predictor_tokens = self.predictor_tokens + sum(r.predictor_tokens for r in output.mod_routing)
+                self.predictor_loss = self.predictor_loss + output.mod_predictor_loss.detach()
+                self.predictor_outputs += 1
 
     def summary(self) -> dict:
         stats = {}
         if self.expert_counts is not None:
-            per_layer = _sum_over_ranks(self.expert_counts)  # (moe layers, experts)
+            per_layer = _sum_over_ranks(self.expert_counts.cpu())  # (moe layers, experts)
             assignments = float(per_layer.sum())
-            dropped = float(_sum_over_ranks(torch.tensor([self.dropped])))
+            dropped = float(_sum_over_ranks(torch.as_tensor(self.dropped).reshape(1).cpu()))
             dead = [f"{layer}:{expert}" for layer, expert in (per_layer == 0).nonzero().tolist()]
             stats["moe"] = {
                 "tokens_per_expert": per_layer.sum(0).long().tolist(),
                 "expert_utilisation": (per_layer > 0).float().mean().item(),
                 "load_balance": sum(load_balance(c) for c in per_layer) / len(per_layer),
                 "dropped_fraction": dropped / assignments if assignments else 0.0,
-                "aux_loss": sum(self.aux_losses) / len(self.aux_losses),
-                "z_loss": sum(self.z_losses) / len(self.z_losses),
+                "aux_loss": float(self.aux_loss) / self.moe_outputs,
+                "z_loss": float(self.z_loss) / self.moe_outputs,
                 "dead_experts": dead,  # "moe layer:expert" pairs that received no token in the window
             }
         if self.routed is not None and self.offered:
-            fractions = (self.routed / self.offered).tolist()
-            routed = training_flops_per_token(self.config, self.config.max_position_embeddings, fractions)
+            routed = self.routed.cpu()
+            fractions = (routed / self.offered).tolist()
+            flops = training_flops_per_token(self.config, self.config.max_position_embeddings, fractions)
             stats["mod"] = {
-                "skip_rate": 1.0 - float(self.routed.sum()) / (self.offered * len(self.routed)),
-                "flops_reduction": 1.0 - routed / self._unrouted_flops,
+                "skip_rate": 1.0 - float(routed.sum()) / (self.offered * len(routed)),
+                "flops_reduction": 1.0 - flops / self._unrouted_flops,
             }
-            if self.predictor_losses:
-                stats["mod"]["predictor_accuracy"] = self.predictor_correct / self.predictor_tokens
-                stats["mod"]["predictor_loss"] = sum(self.predictor_losses) / len(self.predictor_losses)
+            if self.predictor_outputs:
+                stats["mod"]["predictor_accuracy"] = float(self.predictor_correct) / float(self.predictor_tokens)
+                stats["mod"]["predictor_loss"] = float(self.predictor_loss) / self.predictor_outputs
         return stats
 
 
@@ -155,6 +165,8 @@ class PhaseClock:
 
 
 REPORTERS = ("none", "tensorboard", "wandb")
+METRICS = "metrics.jsonl"
+ABANDONED_METRICS = "abandoned_metrics.jsonl"
 
 
 def _flatten(record: dict, prefix: str = "") -> dict[str, float]:
@@ -170,22 +182,27 @@ def _flatten(record: dict, prefix: str = "") -> dict[str, float]:
 
 class MetricsWriter:
     """Appends one JSON object per logged step to OUTPUT_DIR/metrics.jsonl, and mirrors the numeric values to
-    TensorBoard (OUTPUT_DIR/tensorboard) or Weights & Biases when asked. Rank 0 only: other ranks pass None."""
+    TensorBoard (OUTPUT_DIR/tensorboard) or Weights & Biases when asked. Rank 0 only: other ranks pass None.
+
+    metrics.jsonl holds one record per step: when a run goes back (a rollback, or a resume from a checkpoint
+    older than the last record), `rewind(step)` moves the records after `step` to OUTPUT_DIR/abandoned_metrics.jsonl,
+    each marked `"abandoned": true`, so the history is kept but a reader of metrics.jsonl never sees a step twice.
+    """
 
     def __init__(self, output_dir: str | None, report_to: str = "none", run_name: str = "", config: dict | None = None):
         self._file = self._tensorboard = self._wandb = None
+        self.output_dir = output_dir
         if output_dir is None:
             return
-        self._file = open(os.path.join(output_dir, "metrics.jsonl"), "a")
+        self.path = os.path.join(output_dir, METRICS)
+        self._file = open(self.path, "a")  # closed in close()
         if report_to == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (the logging extra)
+            from torch.utils.tensorboard import SummaryWriter  # the logging extra; checked when the run starts
 
             self._tensorboard = SummaryWriter(os.path.join(output_dir, "tensorboard"))
         elif report_to == "wandb":
-            try:
-                import wandb
-            except ImportError:
-                raise ValueError("--report_to wandb needs the wandb package: pip install wandb") from None
+            import wandb  # the logging extra; checked when the run starts
+
             self._wandb = wandb.init(name=run_name, config=config, dir=output_dir)
 
     def write(self, record: dict) -> None:
@@ -200,9 +217,29 @@ class MetricsWriter:
         if self._wandb:
             self._wandb.log(values, step=record["step"])
 
+    def rewind(self, step: int, reason: str) -> int:
+        """Move the records after `step` to abandoned_metrics.jsonl (marked, with `reason`); returns how many."""
+        if self._file is None:
+            return 0
+        self._file.close()
+        with open(self.path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        kept = [r for r in records if r["step"] <= step]
+        abandoned = [{**r, "abandoned": True, "abandoned_because": reason} for r in records if r["step"] > step]
+        if abandoned:
+            with open(os.path.join(self.output_dir, ABANDONED_METRICS), "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in abandoned)
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+            os.replace(tmp, self.path)
+        self._file = open(self.path, "a")  # closed in close()
+        return len(abandoned)
+
     def close(self) -> None:
         if self._file:
             self._file.close()
+            self._file = None
         if self._tensorboard:
             self._tensorboard.close()
         if self._wandb:
@@ -211,7 +248,12 @@ class MetricsWriter:
 
 def plot_losses(metrics_path: str, png_path: str, entropy_floor: float | None = None,
                 final_validation: tuple[int, float] | None = None) -> None:
-    """Train and validation loss against step, with the corpus's entropy floor where it is known."""
+    """Train and validation loss against step, with the corpus's entropy floor where it is known.
+
+    matplotlib is optional (the logging extra): without it the plot is skipped with a warning."""
+    if importlib.util.find_spec("matplotlib") is None:
+        logger.warning("loss plot skipped: matplotlib is not installed (pip install 'adaptive_ds[logging]')")
+        return
     import matplotlib
 
     matplotlib.use("Agg")

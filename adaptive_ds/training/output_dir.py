@@ -1,0 +1,63 @@
+"""The output directory of a run: new, empty, a checkpoint to continue, or this same run's files to start over."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import torch.distributed as dist
+
+from .. import distributed
+from . import checkpoint
+from .arguments import ConfigError, RunSettings
+
+logger = logging.getLogger(__name__)
+
+IDENTITY = "run_identity.json"
+# What a run writes before its first checkpoint: a directory holding only these (and an identity equal to this
+# run's) is this same run, killed before it saved anything, and starts over.
+OWN_FILES = {IDENTITY, "metrics.jsonl", "abandoned_metrics.jsonl", "decisions.jsonl", "checkpoints", "tensorboard",
+             "wandb", "loss.png"}
+
+
+def _saved_identity(path: str) -> dict | None:
+    try:
+        with open(os.path.join(path, IDENTITY)) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def prepare_output_dir(settings: RunSettings, identity: dict) -> tuple[str, str | None]:
+    """The run's directory and the checkpoint to resume (or None); agreed on by every rank, created by rank 0.
+
+    A new or empty directory starts a run; one with a checkpoint continues it (`--resume auto`); one that holds
+    only this same run's own files (checked by the identity it wrote) starts over with a warning, so the same
+    command always continues; anything else is refused and left as it is.
+    """
+    path = settings.output_dir or f"runs/{settings.preset}-{settings.arch}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = distributed.broadcast_object(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"output_dir {path!r} is a file; pass a new or empty --output_dir")
+    tag = checkpoint.latest_tag(path) if os.path.isdir(path) else None
+    if tag is None and os.path.isdir(path) and os.listdir(path):
+        foreign = sorted(set(os.listdir(path)) - OWN_FILES)
+        if foreign or _saved_identity(path) != identity:
+            what = f"files of something else ({', '.join(foreign[:5])})" if foreign else "another run's files"
+            raise ConfigError(f"output_dir {path!r} holds {what} but no checkpoint; pass a new or empty "
+                              "--output_dir")
+        logger.warning("output_dir %r holds this run's files from an attempt stopped before its first checkpoint; "
+                       "starting over (its metrics move to abandoned_metrics.jsonl)", path)
+    if tag is not None and settings.resume == "never":
+        raise ConfigError(f"output_dir {path!r} holds checkpoint {tag}; pass --resume auto to continue it or a new "
+                          "--output_dir")
+    dist.barrier()  # every rank has checked before rank 0 creates it
+    if distributed.rank() == 0:
+        os.makedirs(path, exist_ok=True)
+    return path, tag
+
+
+def write_identity(path: str, identity: dict) -> None:
+    checkpoint.write_json(os.path.join(path, IDENTITY), identity)
