@@ -122,7 +122,7 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch
     seq_len = PRESETS[preset].seq_len
     data = build_training_data("embedded", seq_len, seed)
     built = [Case(name, preset, len(data.tokenizer), micro_batch, precision, seed) for name in cases]
-    batches = data.train_batches(micro_batch)
+    batches = data.step_batches(0, micro_batch)
     for case in built:  # warm-up: allocator, kernels, JIT
         case.run(batches, warmup)
         case.rates.clear()

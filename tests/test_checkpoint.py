@@ -74,7 +74,7 @@ def test_checkpoints_are_pruned_and_latest_is_complete(tmp_path):
     assert tags == ["step00000009", "step00000012"]
     assert latest_tag(str(out)) == "step00000012"
     run = json.loads((out / "checkpoints" / "step00000012" / "run.json").read_text())
-    assert run["step"] == 12 and run["data_steps"] == 12 and run["controller"]["micro_batch"] == 2
+    assert run["step"] == 12 and run["data_steps"] == 12 and run["controller"]["knobs"]["micro_batch"] == 2
 
 
 def _finished_run(tmp_path, **block):

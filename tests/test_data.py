@@ -3,17 +3,17 @@ import random
 from collections import Counter
 
 import pytest
+import torch
 
 from adaptive_ds.data import build_training_data
 from adaptive_ds.data.embedded import (
     DOMAIN_WEIGHTS,
     EOS,
+    block,
     corpus_statistics,
-    document_stream,
     generate_document,
     vocabulary,
 )
-from adaptive_ds.data.packing import pack_documents
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 
 
@@ -75,10 +75,17 @@ def test_floor_is_below_unigram_and_stable_across_samples():
     assert a.captured(a.unigram_entropy) == pytest.approx(0.0)
 
 
-def test_packing_keeps_whole_documents_in_order():
-    docs = [([i] * n,) for i, n in enumerate([3, 4, 2, 9, 1, 5])]
-    blocks = [b[0] for b in pack_documents(docs, 8)]
-    assert blocks == [[0, 0, 0, 1, 1, 1, 1], [2, 2], [3] * 8, [4, 5, 5, 5, 5, 5]]
+def test_a_block_holds_whole_documents_from_its_own_seed():
+    first = block("train-1", 7, 64)
+    assert first == block("train-1", 7, 64) and first != block("train-1", 8, 64) != block("train-2", 7, 64)
+    assert len(first.tokens) <= 64 and first.tokens[0] in DOMAIN_WEIGHTS and first.tokens[-1] == EOS
+    # the same documents the generator makes from that seed, cut where the next one would not fit
+    rng = random.Random("train-1-7")
+    tokens = []
+    while len(tokens) < len(first.tokens):
+        tokens += generate_document(rng).tokens
+    assert tokens[: len(first.tokens)] == first.tokens and len(tokens) == len(first.tokens)
+    assert len(first.logprobs) == len(first.tokens)
 
 
 def test_tokenizer_round_trips_documents():
@@ -91,23 +98,23 @@ def test_tokenizer_round_trips_documents():
     assert tok.convert_ids_to_tokens(tok.eos_token_id) == EOS
 
 
-def test_ranks_read_different_blocks_and_validation_is_held_out():
+def test_a_step_holds_the_same_rows_whatever_the_ranks_and_a_resume_is_a_seek():
     data = build_training_data("embedded", 64, seed=5)
-    r0 = next(data.train_batches(4, rank=0, world_size=2))["input_ids"]
-    r1 = next(data.train_batches(4, rank=1, world_size=2))["input_ids"]
-    again = next(data.train_batches(4, rank=0, world_size=2))["input_ids"]
-    val = data.validation_batches(4, 1)[0]["input_ids"]
-    assert r0.equal(again) and not r0.equal(r1) and not r0.equal(val)
-    labels = next(data.train_batches(4))["labels"]
-    pads = next(data.train_batches(4))["input_ids"] == data.tokenizer.pad_token_id
-    assert (labels[pads] == -100).all()
+    one = data.step_batches(0, 8)
+    steps = [next(one) for _ in range(3)]
+    for world in (2, 4):
+        ranks = [data.step_batches(0, 8, rank, world) for rank in range(world)]
+        for step in steps:
+            parts = [next(r) for r in ranks]
+            assert torch.cat([p["input_ids"] for p in parts]).equal(step["input_ids"])
+    assert next(data.step_batches(2, 8))["input_ids"].equal(steps[2]["input_ids"])  # no replay
+    assert not steps[0]["input_ids"].equal(steps[1]["input_ids"])
+    val = data.validation_batches(8, 1)[0]["input_ids"]
+    assert not any((val[:, None] == s["input_ids"][None]).all(-1).any() for s in steps)
+    pads = steps[0]["input_ids"] == data.tokenizer.pad_token_id
+    assert pads.any() and (steps[0]["labels"][pads] == -100).all()
 
 
 def test_missing_data_path_is_named():
     with pytest.raises(ValueError, match="does not exist.*embedded"):
         build_training_data("/no/such/file.jsonl", 64, 0)
-
-
-def test_document_stream_is_endless():
-    stream = document_stream(0)
-    assert len([next(stream) for _ in range(1000)]) == 1000

@@ -88,6 +88,17 @@ def test_tensorboard_events_and_the_loss_plot(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+def test_without_matplotlib_the_run_still_writes_its_summary_and_model(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if installed without the logging extra
+    out = tmp_path / "run"
+    summary = train(["--ds_config", _tiny_ds_config(tmp_path, max_steps=2), "--output_dir", str(out)])
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert (out / "final" / "model.safetensors").exists() and not (out / "loss.png").exists()
+    assert "loss plot skipped: matplotlib is not installed" in capsys.readouterr().err
+
+
 def test_weight_decay_skips_norms_and_experts_get_moe_groups():
     from conftest import tiny_config
 
@@ -105,7 +116,7 @@ def test_weight_decay_skips_norms_and_experts_get_moe_groups():
 
 
 def test_mod_capacity_anneals_from_one_to_the_target():
-    from adaptive_ds.training.loop import mod_capacity_at
+    from adaptive_ds.training.controller import mod_capacity_at
 
     assert [mod_capacity_at(s, 0.5, 10) for s in (0, 5, 10, 50)] == [1.0, 0.75, 0.5, 0.5]
     assert mod_capacity_at(0, 0.5, 0) == 0.5
@@ -118,6 +129,32 @@ def test_capacity_schedule_reaches_the_model(tmp_path):
     capacities = [m["mod"]["capacity"] for m in _read_metrics(out)]
     skips = [m["mod"]["skip_rate"] for m in _read_metrics(out)]
     assert capacities == [0.875, 0.625] and skips[0] < skips[1] < 0.5
+
+
+def _step_losses(tmp_path, name, micro, accum, command=None, hooks=None):
+    config = write_ds_config(tmp_path, micro, accum, max_steps=10, log_steps=1, warmup_steps=2)
+    out = tmp_path / name
+    if command is None:
+        train(["--ds_config", config, "--output_dir", str(out)], hooks=hooks)
+    else:
+        result = run_command([*command, "launchers/train.py", "--ds_config", config, "--output_dir", str(out)])
+        assert result.returncode == 0, result.stderr[-3000:]
+    return [m["loss"] for m in _read_metrics(out)]
+
+
+@pytest.mark.slow
+def test_a_step_trains_the_same_whatever_its_split_into_micro_batches_and_ranks(tmp_path):
+    # The embedded corpus pads every block, so micro-batches hold unequal numbers of target tokens: only a loss
+    # normalised over the whole step's targets makes these four runs of 16 rows per step one and the same.
+    from helpers.faults import Faults
+
+    whole = _step_losses(tmp_path, "16x1", 16, 1)
+    assert _step_losses(tmp_path, "4x4", 4, 4) == pytest.approx(whole, rel=2e-5)
+    halved = Faults(oom_micro_batch_above=8, oom_from_step=5, oom_at_micro_index=0)
+    assert _step_losses(tmp_path, "16x1-oom", 16, 1, hooks=halved) == pytest.approx(whole, rel=2e-5)
+    assert ("oom", 5) in halved.fired
+    two = _step_losses(tmp_path, "2x8", 8, 1, command=["torchrun", "--nproc_per_node", "2"])
+    assert two == pytest.approx(whole, rel=2e-5)
 
 
 def test_schedule_warms_up_linearly_then_decays_to_the_floor():

@@ -180,13 +180,6 @@ def generate_document(rng: random.Random) -> Document:
     return Document(e.tokens, e.logprobs)
 
 
-def document_stream(seed: int | str):
-    """An endless, seeded stream of documents."""
-    rng = random.Random(seed)
-    while True:
-        yield generate_document(rng)
-
-
 def block(namespace: str, index: int, seq_len: int) -> Document:
     """Block `index` of the stream `namespace`: whole documents from a generator seeded by (namespace, index)
     until the next one would not fit (that one is discarded; a first document longer than the block is cut).

@@ -13,10 +13,11 @@ from .controller import TrainingStopped
 from .loop import train
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, hooks=None) -> None:
+    """`hooks`: test-only fault injection (tests/helpers/train_with_faults.py); None in every real run."""
     try:
         # interpreter start-up and imports are part of the run's setup time
-        train(sys.argv[1:] if argv is None else argv, process_started=psutil.Process().create_time())
+        train(sys.argv[1:] if argv is None else argv, process_started=psutil.Process().create_time(), hooks=hooks)
         distributed.close()
     except (ConfigError, CheckpointError, TrainingStopped) as error:
         sys.exit(f"error: {error}")

@@ -179,6 +179,12 @@ class Controller:
         self._decide(0, {"requested_rows_per_rank_step": rows},
                      "micro-batch auto: start at the whole step, halve on out-of-memory")
 
+    def resplit(self, rows_per_rank: int) -> None:
+        """Keep the micro-batch that worked (or the largest divisor below it) for a new number of rows per rank,
+        as after a resume on another number of processes."""
+        micro = max(d for d in range(1, min(self.knobs.micro_batch, rows_per_rank) + 1) if rows_per_rank % d == 0)
+        self.knobs = replace(self.knobs, micro_batch=micro, accumulation=rows_per_rank // micro)
+
     def on_oom(self, step: int, error: BaseException) -> Verdict:
         """Halve the micro-batch (raising accumulation to keep the global batch), or turn on activation
         checkpointing, or stop."""

@@ -117,10 +117,8 @@ class Trainer:
                            max(1, settings.max_steps // 20))
         self.identity = checkpoint.run_identity(settings, self.world, rows_per_rank, self.config)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
-        if self.resume_tag and checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"][
-                "world_size"] != self.world:
-            # A different number of processes: ZeRO must re-partition, from DeepSpeed's universal checkpoint.
-            ds_config.setdefault("checkpoint", {})["load_universal"] = True
+        if self.resume_tag:
+            self._prepare_cross_world_resume(ds_config)
 
         torch.manual_seed(settings.seed)
         self.engine = build_engine(AdaptiveDSForCausalLM(self.config), ds_config, settings.warmup_steps,
@@ -144,6 +142,28 @@ class Trainer:
         if is_writer:
             write_identity(self.output_dir, self.identity)
 
+    def _prepare_cross_world_resume(self, ds_config: dict) -> None:
+        """On another number of processes, ZeRO re-partitions from DeepSpeed's universal checkpoint, and the
+        global batch stays the checkpoint's: accumulation is re-derived from it (a warning says so), so the run
+        continues on the same samples at the same steps."""
+        saved = checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"]
+        if saved["world_size"] == self.world:
+            return
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True
+        rows, micro = saved["rows_per_step"], ds_config["train_micro_batch_size_per_gpu"]
+        if rows != self.rows_per_step:
+            if rows % (micro * self.world):
+                raise ConfigError(f"the checkpoint's global batch of {rows} rows does not split into micro-batches "
+                                  f"of {micro} on {self.world} processes; pick a micro-batch that divides "
+                                  f"{rows // self.world}")
+            accumulation = rows // (micro * self.world)
+            logger.warning("resuming a %d-process run on %d: gradient accumulation %d keeps its global batch of %d "
+                           "rows", saved["world_size"], self.world, accumulation, rows)
+            ds_config["gradient_accumulation_steps"] = accumulation
+            ds_config.pop("train_batch_size", None)
+            self.rows_per_step, self.tokens_per_step = rows, rows * self.data.seq_len
+            self.identity = {**self.identity, "rows_per_step": rows}
+
     # knobs
     def apply(self, step: int) -> None:
         """The one place the controller's knobs reach the engine and model: before each step, if they changed."""
@@ -163,6 +183,8 @@ class Trainer:
         saved = checkpoint.resume(self.engine, self.output_dir, self.resume_tag, self.identity)
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
         self.controller.load_state_dict(saved["controller"])
+        if saved["identity"]["world_size"] != self.world:
+            self.controller.resplit(self.rows_per_step // self.world)
         self.metrics.rewind(self.start_step, f"resumed from the checkpoint at step {self.start_step}")
         logger.info("resumed from %s at step %d", self.resume_tag, self.start_step)
 

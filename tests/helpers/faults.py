@@ -1,0 +1,72 @@
+"""Real faults for tests, installed through the training loop's hooks (never in a production run).
+
+Each fault changes what the model really computes or what the process really has: a NaN written into a weight,
+a NaN gradient from a tensor hook in the middle of gradient accumulation, a weight scaled so the loss really
+spikes, an out-of-memory error raised where a micro-batch would be allocated, an address-space limit under which
+large allocations really fail, or the process killed with SIGKILL before a step. Each fault fires once: the
+run that a rollback takes back over the same step does not meet it again.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+
+import psutil
+import torch
+
+from adaptive_ds.training.loop import TrainerHooks
+
+
+class Faults(TrainerHooks):
+    def __init__(self, nan_weight_at_step: int | None = None, nan_grad_at: tuple[int, int] | None = None,
+                 spike_at_step: int | None = None, spike_factor: float = 30.0,
+                 oom_micro_batch_above: int | None = None, oom_from_step: int = 1, oom_at_micro_index: int = 0,
+                 memory_limit_mb: float | None = None, kill_before_step: int | None = None):
+        self.nan_weight_at_step = nan_weight_at_step
+        self.nan_grad_at = tuple(nan_grad_at) if nan_grad_at else None  # (step, micro-batch index)
+        self.spike_at_step, self.spike_factor = spike_at_step, spike_factor
+        self.oom_micro_batch_above, self.oom_from_step = oom_micro_batch_above, oom_from_step
+        self.oom_at_micro_index = oom_at_micro_index
+        self.memory_limit_mb, self.kill_before_step = memory_limit_mb, kill_before_step
+        self.fired: list[tuple[str, int]] = []
+        self._grad_hook = None
+
+    def on_start(self, trainer) -> None:
+        if self.memory_limit_mb is not None:
+            # what the process holds now plus the headroom: larger allocations really fail (ENOMEM)
+            limit = psutil.Process().memory_info().vms + int(self.memory_limit_mb * 2**20)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+
+    def before_step(self, trainer, step: int) -> None:
+        if step == self.kill_before_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        model = trainer.engine.module
+        if step == self.nan_weight_at_step and ("nan_weight", step) not in self.fired:
+            with torch.no_grad():
+                model.model.layers[0].self_attn.q_proj.weight[0, 0] = float("nan")
+            self.fired.append(("nan_weight", step))
+        if step == self.spike_at_step and ("spike", step) not in self.fired:
+            with torch.no_grad():
+                model.lm_head.weight.mul_(self.spike_factor)
+            self.fired.append(("spike", step))
+
+    def before_micro_batch(self, trainer, step: int, index: int, micro_batch: int) -> None:
+        if self._grad_hook is not None:
+            self._grad_hook.remove()
+            self._grad_hook = None
+        if self.nan_grad_at == (step, index) and ("nan_grad", step) not in self.fired:
+            weight = trainer.engine.module.lm_head.weight
+
+            def poison(grad):
+                grad = grad.clone()
+                grad[0, 0] = float("nan")
+                return grad
+
+            self._grad_hook = weight.register_hook(poison)
+            self.fired.append(("nan_grad", step))
+        if (self.oom_micro_batch_above is not None and step >= self.oom_from_step
+                and index >= self.oom_at_micro_index and micro_batch > self.oom_micro_batch_above):
+            self.fired.append(("oom", step))
+            raise torch.OutOfMemoryError(f"injected out-of-memory at micro-batch {micro_batch}")
