@@ -96,6 +96,8 @@ class Trainer:
         check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
         if settings.gpu_memory_gib:
             _cap_gpu_memory(settings.gpu_memory_gib)
+        if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0):
+            torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
         seq_len = PRESETS[settings.preset].seq_len
         rows_per_rank = ds_config["train_micro_batch_size_per_gpu"] * ds_config.get("gradient_accumulation_steps", 1)
         self.rows_per_step = rows_per_rank * self.world  # the global batch, constant whatever the split
@@ -215,6 +217,8 @@ class Trainer:
         """
         engine = self.engine
         micro_steps_before = engine.micro_steps
+        if engine.device.type == "cuda":  # page-locked, so each micro-batch's copy is asynchronous
+            rows = {k: v.pin_memory() for k, v in rows.items()}
         targets = (rows["labels"][:, 1:] != -100).sum().to(engine.device, torch.float32)
         if self.world > 1:
             dist.all_reduce(targets)  # on the device: no host synchronisation
