@@ -10,8 +10,9 @@ partitions of every rank, through DeepSpeed's zero_to_fp32) and the one file per
 checkpoint layout writes from every expert-parallel rank. Weights are exported in the precision the module
 trained in (fp32 from ZeRO-3). SRC for a conversion is a checkpoint or a `save_pretrained` folder.
 
-The adaptive_ds folder also carries the model's source files and an `auto_map`, so users without this package
-load it with `trust_remote_code=True` (they still need deepspeed for MoE models: the experts are its layers).
+The adaptive_ds folder also carries the model's source files and an `auto_map` (`training.final.save_with_code`,
+as `final/` does), so users without this package load it with `trust_remote_code=True` (they still need
+deepspeed: the MoE layers are its layers and `moe.py` imports it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import glob
 import json
 import logging
 import os
-import shutil
 import sys
 
 import torch
@@ -30,10 +30,9 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, MixtralCo
 
 from .models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 from .training.checkpoint import CheckpointError, resolve_tag_dir
+from .training.final import save_with_code
 
 logger = logging.getLogger(__name__)
-
-MODEL_SOURCES = ("configuration.py", "modeling.py", "moe.py", "mod.py")
 
 
 def load_checkpoint(path: str) -> tuple[AdaptiveDSForCausalLM, object]:
@@ -71,18 +70,6 @@ def load_any(path: str):
     return load_checkpoint(path)
 
 
-def save_adaptive_ds(model: AdaptiveDSForCausalLM, tokenizer, out_dir: str) -> None:
-    """save_pretrained (safetensors) + tokenizer + the model source for trust_remote_code."""
-    model.config.auto_map = {"AutoConfig": "configuration.AdaptiveDSConfig",
-                             "AutoModel": "modeling.AdaptiveDSModel",
-                             "AutoModelForCausalLM": "modeling.AdaptiveDSForCausalLM"}
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    source = os.path.join(os.path.dirname(__file__), "models")
-    for name in MODEL_SOURCES:
-        shutil.copy(os.path.join(source, name), os.path.join(out_dir, name))
-
-
 def _common_llama_fields(config: AdaptiveDSConfig) -> dict:
     return dict(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
                 intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
@@ -107,17 +94,15 @@ def mixtral_incompatibility(config: AdaptiveDSConfig) -> str | None:
     """Why a model's routing cannot be expressed as Mixtral's, or None if it can.
 
     Mixtral routes every token to its top-2 experts with softmax weights renormalised over the two, and never
-    drops a token. That is our routing exactly when the model is dropless top-2 MoE in every layer without
-    DeepSpeed's residual MLP. With a capacity limit (our default) a token can lose an expert; Mixtral has no
-    equivalent, so the logits would differ wherever that happens.
+    drops a token. That is our inference routing exactly when the model is top-2 MoE in every layer without
+    DeepSpeed's residual MLP. A capacity limit (`moe_drop_tokens`) does not matter: it applies in training only,
+    and inference is dropless (see models/moe.py).
     """
     reasons = []
     if config.arch != "moe":
         reasons.append(f"arch is {config.arch!r}, not 'moe'")
     if config.num_experts_per_tok != 2:
         reasons.append("top-1 weights are raw gate probabilities, Mixtral renormalises over the top-k")
-    if config.moe_drop_tokens:
-        reasons.append("the model is capacity-limited (moe_drop_tokens), Mixtral never drops tokens")
     if config.moe_layer_interval != 1:
         reasons.append("MoE is not in every layer")
     if config.moe_use_residual:
@@ -159,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         model, tokenizer = load_any(args.src)
         if args.to == "adaptive_ds":
-            save_adaptive_ds(model, tokenizer, args.dst)
+            save_with_code(model, tokenizer, args.dst)
         else:
             converted = to_llama(model) if args.to == "llama" else to_mixtral(model)
             converted.save_pretrained(args.dst, safe_serialization=True)

@@ -44,8 +44,9 @@ Trained with adaptive_ds through the DeepSpeed engine.
 | validation loss | {fmt('validation_loss')} |
 | step | {summary.get('steps', '?')} |
 
-Load with `AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)` (or without
-`trust_remote_code` where the `adaptive_ds` package is installed).
+The repo carries the model code: load with `AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`
+and `AutoTokenizer.from_pretrained(repo, trust_remote_code=True)` (deepspeed must be installed), or without
+`trust_remote_code` where the `adaptive_ds` package is installed.
 
 Command:
 

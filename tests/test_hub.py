@@ -1,5 +1,6 @@
 """--push_to_hub against a local stand-in of the Hub API (no network): files, card, failures, no token."""
 
+import json
 import os
 import shutil
 
@@ -39,6 +40,12 @@ def test_final_and_save_time_pushes_upload_the_model_and_card(tmp_path, monkeypa
     assert [message for message, _ in hub.commits] == ["checkpoint at step 2", "final model"]
     final_files = hub.commits[-1][1]
     assert {"README.md", "config.json", "model.safetensors", "tokenizer.json"} <= set(final_files)
+    for commit, (_, files) in enumerate(hub.commits):  # both pushes carry the model code and its auto_map
+        assert {"configuration.py", "modeling.py", "moe.py", "mod.py"} <= set(files)
+        config = json.loads((tmp_path / "hub" / "me/tiny-moe" / f"commit{commit}" / "config.json").read_text())
+        assert config["auto_map"] == {"AutoConfig": "configuration.AdaptiveDSConfig",
+                                      "AutoModel": "modeling.AdaptiveDSModel",
+                                      "AutoModelForCausalLM": "modeling.AdaptiveDSForCausalLM"}
     card = (tmp_path / "hub" / "me/tiny-moe" / "commit1" / "README.md").read_text()
     assert "| architecture | moe |" in card and "| preset | debug |" in card
     assert f"{summary['total_parameters']:,}" in card and f"{summary['validation_loss']:.4f}" in card

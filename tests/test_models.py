@@ -207,3 +207,63 @@ def test_left_padding_gives_the_same_logits_as_the_unpadded_sequence():
 def test_bad_config_names_the_valid_choices():
     with pytest.raises(ValueError, match="dense, moe, mod, hybrid"):
         tiny_config("sparse")
+
+
+def _capacity_limited(arch, dispatch):
+    """A moe / hybrid model with a training-time capacity limit that really drops tokens (asserted), in eval.
+
+    8 experts, top-2 as in the debug preset; capacity factor 0.5 in training. The eval factor is small too, so
+    a model that kept a capacity limit in eval would drop there as well. Routers with large weights route
+    unevenly, and (hybrid) the MoD predictor routes some tokens and skips others.
+    """
+    model = _model(arch, num_local_experts=8, moe_drop_tokens=True, moe_capacity_factor=0.5,
+                   moe_eval_capacity_factor=0.5, moe_min_capacity=1, moe_dispatch=dispatch, mod_layer_interval=1)
+    for name, param in model.named_parameters():
+        if "gate.wg" in name or "predictor.2" in name:
+            torch.nn.init.normal_(param, std=1.0)
+    out = model(input_ids=torch.randint(2, 64, (2, 24)))
+    assert sum(int(d) for d in out.expert_dropped) > 0  # training mode drops: the limit is real
+    return model.eval()
+
+
+@pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
+@pytest.mark.parametrize("arch", ["moe", "hybrid"])
+def test_capacity_limited_moe_is_causal_and_dropless_in_eval(arch, dispatch):
+    model = _capacity_limited(arch, dispatch)
+    ids = torch.randint(2, 64, (3, 24))
+    changed = ids.clone()
+    changed[:, 12:] = torch.randint(2, 64, (3, 12))
+    with torch.no_grad():
+        a, b = model(input_ids=ids), model(input_ids=changed)
+    torch.testing.assert_close(a.logits[:, :12], b.logits[:, :12], rtol=0, atol=1e-5)
+    assert not torch.allclose(a.logits[:, 12:], b.logits[:, 12:])
+    assert all(int(d) == 0 for d in a.expert_dropped + b.expert_dropped)
+
+
+@pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
+@pytest.mark.parametrize("arch", ["moe", "hybrid"])
+def test_capacity_limited_moe_sequence_alone_equals_it_in_a_batch(arch, dispatch):
+    model = _capacity_limited(arch, dispatch)
+    ids = torch.randint(2, 64, (1, 16))
+    others = torch.randint(2, 64, (3, 16))
+    with torch.no_grad():
+        alone = model(input_ids=ids).logits
+        last = model(input_ids=torch.cat([others, ids])).logits[3:]  # its tokens come after the others'
+        first = model(input_ids=torch.cat([ids, others])).logits[:1]
+    torch.testing.assert_close(last, alone, rtol=0, atol=1e-5)
+    torch.testing.assert_close(first, alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
+@pytest.mark.parametrize("arch", ["moe", "hybrid"])
+def test_capacity_limited_moe_cached_generation_equals_the_full_forward(arch, dispatch):
+    model = _capacity_limited(arch, dispatch)
+    prompt = torch.randint(2, 64, (3, 6))
+    steps = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False)
+    cached = model.generate(prompt, use_cache=True, output_logits=True, return_dict_in_generate=True, **steps)
+    uncached = model.generate(prompt, use_cache=False, **steps)
+    assert torch.equal(cached.sequences, uncached)
+    with torch.no_grad():
+        full = model(input_ids=cached.sequences).logits  # (batch, 16, vocab)
+    step_logits = torch.stack(cached.logits, dim=1)  # (batch, 10, vocab): positions 5..14
+    torch.testing.assert_close(step_logits, full[:, 5:15], rtol=0, atol=1e-5)

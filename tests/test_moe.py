@@ -87,15 +87,35 @@ def test_capacity_drops_exactly_the_later_tokens_and_second_choices():
     assert weights[(2, 0)] == pytest.approx(1.0) and weights[(0, 0)] + weights[(0, 1)] == pytest.approx(1.0)
 
 
-def test_layer_reports_dropped_assignments_and_uses_eval_capacity():
-    layer = _layer(moe_drop_tokens=True, moe_capacity_factor=0.5, moe_eval_capacity_factor=4.0, moe_min_capacity=1)
+def test_layer_reports_dropped_assignments_in_training_and_is_dropless_in_eval():
+    layer = _layer(moe_drop_tokens=True, moe_capacity_factor=0.5, moe_eval_capacity_factor=0.5, moe_min_capacity=1)
     x = torch.randn(1, 40, 32)
     _, routing = layer(x)
     capacity = expert_capacity(40, 4, 2, 0.5, 1)
     assert int(routing.dropped) == int((routing.expert_counts - capacity).clamp_min(0).sum()) > 0
     layer.eval()
     _, routing = layer(x)
-    assert int(routing.dropped) == 0  # eval capacity 4.0 x 2 x 40 / 4 = 80 slots
+    assert int(routing.dropped) == 0  # the eval factor (0.5) is unused: inference is dropless
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
+def test_eval_is_dropless_for_a_capacity_limited_layer(k, dispatch):
+    layer = _layer(num_experts_per_tok=k, moe_drop_tokens=True, moe_capacity_factor=0.5,
+                   moe_eval_capacity_factor=0.5, moe_min_capacity=1, moe_dispatch=dispatch)
+    x = torch.randn(3, 10, 32)
+    trained, _ = layer(x)
+    reference = naive_moe(layer, x)
+    assert not torch.allclose(trained, reference, atol=1e-3)  # training drops, so it differs from dropless
+    layer.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x)[0], reference, rtol=1e-5, atol=1e-5)
+        one_token, _ = layer(x[:1, :1])  # a decoding step: DeepSpeed's top-1 gate would assert >= min tokens
+        torch.testing.assert_close(one_token, reference[:1, :1], rtol=1e-5, atol=1e-5)
+        if k == 2:  # and equal to DeepSpeed's own dropless gating (its top-1 asserts tokens >= min_capacity)
+            layer.moe.deepspeed_moe.gate.drop_tokens = False
+            stock, _, _ = layer.moe(x)
+            torch.testing.assert_close(layer(x)[0], stock, rtol=1e-5, atol=1e-6)
 
 
 def test_z_loss_and_jitter_and_residual():

@@ -43,7 +43,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
     num_local_experts: int = 8
     num_experts_per_tok: int = 2
     moe_layer_interval: int = 1
-    moe_capacity_factor: float = 1.25
+    moe_capacity_factor: float = 1.25  # training only: inference is dropless (see moe.py)
+    # Unused: eval was capacity-limited by this factor until inference became dropless. Still accepted so that
+    # configs, checkpoints and final/ folders that carry it keep loading.
     moe_eval_capacity_factor: float = 2.0
     moe_min_capacity: int = 4
     moe_drop_tokens: bool = True

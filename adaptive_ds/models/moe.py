@@ -7,12 +7,22 @@ a (experts, capacity, hidden) buffer padded to capacity; `dispatch="indexed"` (t
 token-expert assignments by expert, sends exactly those rows across the expert-parallel group with one
 variable-size all-to-all, and runs each projection of all local experts as one grouped GEMM
 (`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice.
-`dispatch="deepspeed"` runs DeepSpeed's stock layer, kept as the baseline.
+`dispatch="deepspeed"` runs DeepSpeed's stock layer in training, kept as the baseline.
 
 Routing semantics follow DeepSpeed's `top1gating` / `top2gating` (GShard, Lepikhin et al. 2020): softmax
 gates in float32; capacity ceil(k * tokens / experts * capacity_factor), at least min_capacity; when an expert
 overflows, earlier tokens win and every first choice outranks every second choice; a token's gate weights are
 renormalised over the choices it kept (top-2) or left as the gate probability (top-1).
+
+Inference is dropless. Capacity is a training-time device for balanced expert batches; applied in eval it lets
+a later token (or another sequence of the batch) take an earlier token's slot, so validation loss would see
+the future, a served prompt would depend on its batch-mates and cached generation would differ from the full
+forward. In eval mode both dispatch modes therefore run the indexed path without a capacity limit, on the same
+weights (the experts and gate of the DeepSpeed layer). We route "deepspeed" through it rather than through
+DeepSpeed's own `drop_tokens=False` gating because that gating still asserts tokens >= min_capacity in top-1
+(a one-token decoding step fails), pads every expert's buffer to the busiest expert's count, and is switched by
+a flag on the shared gate that eval would have to flip back and forth; the indexed path is tested equal to
+DeepSpeed's dropless layer. `moe_eval_capacity_factor` is therefore unused (see `AdaptiveDSConfig`).
 """
 
 from __future__ import annotations
@@ -148,7 +158,6 @@ class MoEFeedForward(nn.Module):
         self.k = config.num_experts_per_tok
         self.num_experts = config.num_local_experts
         self.capacity_factor = config.moe_capacity_factor
-        self.eval_capacity_factor = config.moe_eval_capacity_factor
         self.min_capacity = config.moe_min_capacity
         self.drop_tokens = config.moe_drop_tokens
         self.jitter = config.moe_jitter
@@ -161,7 +170,6 @@ class MoEFeedForward(nn.Module):
             ep_size=config.moe_ep_size,
             k=config.num_experts_per_tok,
             capacity_factor=config.moe_capacity_factor,
-            eval_capacity_factor=config.moe_eval_capacity_factor,
             min_capacity=config.moe_min_capacity,
             use_residual=config.moe_use_residual,
             noisy_gate_policy="Jitter" if config.moe_jitter else None,
@@ -182,15 +190,15 @@ class MoEFeedForward(nn.Module):
         return F.linear(x, self._layer.gate.wg.weight.float())
 
     def capacity(self, num_tokens: int) -> int | None:
-        if not self.drop_tokens:
+        """Slots per expert in training with `moe_drop_tokens`; None (dropless) otherwise, and always in eval."""
+        if not (self.drop_tokens and self.training):
             return None
-        factor = self.capacity_factor if self.training else self.eval_capacity_factor
-        return expert_capacity(num_tokens, self.num_experts, self.k, factor, self.min_capacity)
+        return expert_capacity(num_tokens, self.num_experts, self.k, self.capacity_factor, self.min_capacity)
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, MoERouting]:
         shape = hidden_states.shape
         tokens = hidden_states.reshape(-1, shape[-1])  # (tokens, hidden)
-        if self.dispatch == "deepspeed":
+        if self.dispatch == "deepspeed" and self.training:  # eval is dropless through the indexed path
             output, aux_loss, demand = self.moe(hidden_states)
             # DeepSpeed's gate does not expose its logits; recompute them for the z-loss (one small matmul).
             z_loss = router_z_loss(F.linear(tokens.float(), self._layer.gate.wg.weight.float()))

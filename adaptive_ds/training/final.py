@@ -1,17 +1,26 @@
-"""Writing the final model: a `save_pretrained` folder with every expert and every ZeRO-3 shard gathered."""
+"""Writing the final model: a self-contained `save_pretrained` folder with every expert and ZeRO-3 shard gathered.
+
+The folder carries the model's source files and an `auto_map`, so `AutoModelForCausalLM.from_pretrained(folder,
+trust_remote_code=True)` loads it where adaptive_ds is not installed (deepspeed still is: `moe.py` imports it).
+`final/`, the Hub snapshots and `python -m adaptive_ds.export` all write it through `save_with_code`.
+"""
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
 import re
+import shutil
 
 import deepspeed
 import torch.distributed as dist
 from deepspeed.utils import groups
 from transformers import PreTrainedTokenizerBase
+from transformers.dynamic_module_utils import get_relative_import_files
 
-from ..models import AdaptiveDSForCausalLM
+from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM, AdaptiveDSModel
+from ..models import modeling as modeling_module
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +51,37 @@ def _gather_zero3(model: AdaptiveDSForCausalLM, is_writer: bool) -> dict | None:
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if is_writer else None
 
 
+def model_source_files() -> list[str]:
+    """modeling.py and every file it imports relatively, found the way transformers finds them when loading."""
+    return [modeling_module.__file__, *get_relative_import_files(modeling_module.__file__)]
+
+
+def auto_map() -> dict[str, str]:
+    """The config's `auto_map`: each Auto class to "<source file>.<class>" in the copied sources."""
+    classes = {"AutoConfig": AdaptiveDSConfig, "AutoModel": AdaptiveDSModel,
+               "AutoModelForCausalLM": AdaptiveDSForCausalLM}
+    return {auto: f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}" for auto, cls in classes.items()}
+
+
+def save_with_code(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase, path: str) -> None:
+    """save_pretrained (safetensors) + tokenizer + the model's source files and `auto_map`, for
+    `trust_remote_code=True` loading without this package. The model's own config is left without `auto_map`."""
+    model.save_pretrained(path, safe_serialization=True)
+    config = copy.deepcopy(model.config)  # after save_pretrained, which records dtype and architectures in it
+    config.auto_map = auto_map()
+    config.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    for source in model_source_files():
+        shutil.copyfile(source, os.path.join(path, os.path.basename(source)))
+
+
 def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase, path: str, is_writer: bool,
                zero_stage: int = 0) -> None:
     """Save `model` and `tokenizer` for `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(path)`.
 
     Collective when experts are split over ranks (every rank must call it); only `is_writer` writes.
-    The saved config has `moe_ep_size` 1, so the folder loads in a single process.
+    The saved config has `moe_ep_size` 1, so the folder loads in a single process; the folder carries the model
+    code (see `save_with_code`).
     """
     if zero_stage == 3:
         state = _gather_zero3(model, is_writer)
@@ -66,6 +100,5 @@ def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase,
         full.load_state_dict(state, strict=True)
         model = full.to(next(iter(state.values())).dtype)
     if is_writer:
-        model.save_pretrained(path, safe_serialization=True)
-        tokenizer.save_pretrained(path)
+        save_with_code(model, tokenizer, path)
         logger.info("saved the final model and tokenizer to %s", path)
