@@ -182,17 +182,18 @@ def test_a_real_loss_spike_rolls_back_lowers_the_lr_and_logs_each_step_once(tmp_
     out = tmp_path / "run"
     controller = {"spike_window": 3, "spike_sigma": 3.0}
     train(["--ds_config", _config(tmp_path, max_steps=8, controller=controller), "--output_dir", str(out)],
-          hooks=Faults(spike_at_step=5))
+          hooks=Faults(spike_at_step=6))
     (decision,) = _jsonl(out / "decisions.jsonl")
-    assert decision["step"] == 5 and decision["action"].startswith("roll back")
+    assert decision["step"] == 6 and decision["action"].startswith("roll back")
     assert decision["trigger"]["loss"] > decision["trigger"]["window_mean"] + 3 * decision["trigger"]["window_std"]
     metrics = _jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, 9))  # one record per step, none repeated
+    # back to step 4's checkpoint: step 5's record is kept apart, marked; the spiking step 6 was never logged
     assert [m["step"] for m in _jsonl(out / "abandoned_metrics.jsonl")] == [5]
     for m in metrics:
         assert m["lr"] == pytest.approx(lrs[m["step"]] * (0.5 if m["step"] >= 5 else 1.0), rel=1e-6)
     run = json.loads((out / "checkpoints" / "step00000008" / "run.json").read_text())
-    assert run["data_steps"] == 9  # the spiking step's data was skipped, not replayed
+    assert run["data_steps"] == 10  # the data of steps 5 and 6 was skipped, not replayed
 
 
 def test_too_many_rollbacks_stop_and_leave_what_was_written(tmp_path):

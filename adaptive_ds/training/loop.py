@@ -136,7 +136,7 @@ class Trainer:
         self.applied = None
         self.checkpointer = checkpoint.Checkpointer(self.output_dir, settings.save_steps, settings.keep_last)
         self.metrics = MetricsWriter(self.output_dir if is_writer else None, settings.report_to,
-                                     os.path.basename(self.output_dir), self.identity)
+                                     os.path.basename(self.output_dir), self.identity, settings.log_steps)
         self.window = RoutingWindow(self.config)
         self.pusher = HubPusher(settings.push_to_hub, hub_api) if settings.push_to_hub and is_writer else None
         self.data_steps = 0  # step batches read (a rollback skips data, so it can exceed the step)
@@ -358,7 +358,7 @@ class Trainer:
                 _raise_if_failed(verdict)
                 window.add(loss, self.tokens_per_step)
                 bar.update(1)
-                if step % settings.log_steps == 0 or step == settings.max_steps:
+                if self.metrics.should_log(step, settings.max_steps):
                     train_loss, verdict = self._log_window(step, window, validator, bar)
                     if verdict.action is Action.STOP:  # early stopping: the run ends here, saved as usual
                         break

@@ -189,9 +189,10 @@ class MetricsWriter:
     each marked `"abandoned": true`, so the history is kept but a reader of metrics.jsonl never sees a step twice.
     """
 
-    def __init__(self, output_dir: str | None, report_to: str = "none", run_name: str = "", config: dict | None = None):
+    def __init__(self, output_dir: str | None, report_to: str = "none", run_name: str = "", config: dict | None = None,
+                 log_steps: int = 1):
         self._file = self._tensorboard = self._wandb = None
-        self.output_dir = output_dir
+        self.output_dir, self.log_steps = output_dir, log_steps
         if output_dir is None:
             return
         self.path = os.path.join(output_dir, METRICS)
@@ -204,6 +205,10 @@ class MetricsWriter:
             import wandb  # the logging extra; checked when the run starts
 
             self._wandb = wandb.init(name=run_name, config=config, dir=output_dir)
+
+    def should_log(self, step: int, max_steps: int) -> bool:
+        """The logging cadence: every `log_steps` steps and the last step (collective: the same on every rank)."""
+        return step % self.log_steps == 0 or step == max_steps
 
     def write(self, record: dict) -> None:
         if self._file:

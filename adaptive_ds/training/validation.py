@@ -1,16 +1,23 @@
-"""Validation: held-out loss on the same batches every time, at its own cadence."""
+"""Validation: held-out loss per target token with its standard error, on the same batches every time, at its own
+cadence. The held-out batches are dealt to the ranks (rank r takes batches r, r + world, ...), so more processes
+validate faster rather than repeating each other."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from .. import distributed
 
 
 @torch.no_grad()
-def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> float:
-    """Mean LM loss per target token over held-out batches (the model in eval mode), over all ranks' batches.
+def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> tuple[float, float]:
+    """(loss, standard error): the LM loss per target token over all held-out sequences (the model in eval
+    mode), and the standard error of that ratio over sequences (the ratio estimator's: sqrt(sum_i (s_i - R n_i)^2
+    / (N (N - 1))) / mean(n), with s_i, n_i a sequence's summed loss and target count, R the loss, N sequences).
 
     MoD blocks route with `mod_routing`: "causal" (the predictor; what generation does, the honest figure) or
     "topk" (the train-time rule, which sees the whole sequence).
@@ -18,17 +25,35 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> float:
     model = engine.module.model
     engine.eval()
     model.set_mod_routing(mod_routing)
-    total = torch.zeros(2, dtype=torch.float64, device=engine.device)  # (summed token loss, target tokens)
-    for batch in batches:
-        batch = {k: v.to(engine.device, non_blocking=True) for k, v in batch.items()}
-        targets = (batch["labels"][:, 1:] != -100).sum()
-        out = engine(**batch, num_items_in_batch=1)  # summed, not averaged, over the batch's targets
-        total += torch.stack([out.lm_loss.double(), targets.double()])
+    # sums over sequences of: s, n, s^2, s n, n^2, 1
+    moments = torch.zeros(6, dtype=torch.float64, device=engine.device)
+    rank, world = distributed.rank(), distributed.world_size()
+    for first in range(0, len(batches), world):
+        # Every rank runs as many forwards as the others (expert-parallel layers exchange tokens in each one);
+        # a rank past the end repeats batch 0 and does not count it.
+        index = first + rank
+        source = batches[index] if index < len(batches) else batches[0]
+        batch = {k: v.to(engine.device, non_blocking=True) for k, v in source.items()}
+        logits = engine(input_ids=batch["input_ids"]).logits
+        if index >= len(batches):
+            continue
+        targets = batch["labels"][:, 1:]
+        token_loss = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), targets, ignore_index=-100,
+                                     reduction="none")  # (batch, seq - 1)
+        s = token_loss.double().sum(1)
+        n = (targets != -100).double().sum(1)
+        moments += torch.stack([s.sum(), n.sum(), (s * s).sum(), (s * n).sum(), (n * n).sum(),
+                                torch.tensor(float(len(s)), dtype=torch.float64, device=s.device)])
     model.set_mod_routing("causal")
     engine.train()
     if distributed.world_size() > 1:
-        dist.all_reduce(total)
-    return (total[0] / total[1]).item()
+        dist.all_reduce(moments)
+    s, n, ss, sn, nn, count = moments.tolist()
+    loss = s / n
+    if count < 2:
+        return loss, float("nan")
+    residual = max(ss - 2 * loss * sn + loss * loss * nn, 0.0)
+    return loss, math.sqrt(residual / (count * (count - 1))) / (n / count)
 
 
 class Validator:
@@ -41,7 +66,9 @@ class Validator:
         return bool(self.eval_steps) and step % self.eval_steps == 0
 
     def run(self, engine) -> dict:
-        losses = {"validation_loss": evaluate(engine, self.batches)}
+        loss, se = evaluate(engine, self.batches)
+        losses = {"validation_loss": loss, "validation_loss_se": se}
         if self.uses_mod:
-            losses["validation_loss_topk_routing"] = evaluate(engine, self.batches, "topk")
+            losses["validation_loss_topk_routing"], losses["validation_loss_topk_routing_se"] = evaluate(
+                engine, self.batches, "topk")
         return losses
