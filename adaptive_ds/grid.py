@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from . import ds_config as ds_config_reader
 from .distributed import DISTRIBUTED_VARIABLES
 from .flops import training_flops_per_token
 from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR, detect_gpu
@@ -241,8 +242,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--benchmarks_md", default="BENCHMARKS.md")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if not os.path.isfile(args.ds_config):
-        raise SystemExit(f"error: ds_config {args.ds_config!r} not found; the configs are in ds_configs/")
+    try:  # a broken config fails here, in one line, not in the first of the runs
+        ds_config_reader.read(ds_config_reader.load(args.ds_config))
+    except ds_config_reader.ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
     for preset in args.preset:
         try:
             report = run_grid(preset, args.tokens, args.out, args.ds_config, args.runs, price=args.price,

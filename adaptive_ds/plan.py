@@ -29,6 +29,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from . import ds_config as ds_config_reader
 from .flops import training_flops_per_token
 from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR
 from .models.configuration import AdaptiveDSConfig
@@ -54,11 +55,9 @@ class Layout:
 
     @classmethod
     def from_ds_config(cls, ds_config: dict, activation_checkpointing: bool) -> Layout:
-        zero = ds_config.get("zero_optimization", {})
-        return cls(micro_batch=ds_config.get("train_micro_batch_size_per_gpu", 1), zero_stage=zero.get("stage", 0),
-                   offload_optimizer=zero.get("offload_optimizer", {}).get("device") == "cpu",
-                   half_precision=bool(ds_config.get("fp16", {}).get("enabled")
-                                       or ds_config.get("bf16", {}).get("enabled")),
+        ds = ds_config_reader.read(ds_config)
+        return cls(micro_batch=ds.micro_batch, zero_stage=ds.zero_stage,
+                   offload_optimizer=ds.offload_optimizer != "none", half_precision=ds.half_precision,
                    activation_checkpointing=activation_checkpointing)
 
 
@@ -230,7 +229,7 @@ def validation_table() -> list[dict]:
                  model_overrides={"moe_drop_tokens": False, **m.get("model", {})},
                  cpu_process=m["device"] == "cpu")
         rows.append({"device": m["device"], "preset": m["preset"], "arch": m["arch"],
-                     "micro_batch": m["ds_config"]["train_micro_batch_size_per_gpu"],
+                     "micro_batch": ds_config_reader.read(m["ds_config"]).micro_batch,
                      "checkpointing": m["checkpointing"], "predicted_gib": round(p.peak_gib, 2),
                      "measured_gib": m["gib"], "error": round(p.peak_gib / m["gib"] - 1, 3), "source": m["source"]})
     return rows
@@ -255,8 +254,7 @@ def plan_ds_config(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int 
     adaptive_ds block; without `gpus`, the GPU count its batch sizes imply. `options`: those of `plan`."""
     block = ds_config.get("adaptive_ds", {})
     if gpus is None:
-        per_gpu = ds_config.get("train_micro_batch_size_per_gpu", 1) * ds_config.get("gradient_accumulation_steps", 1)
-        gpus = ds_config.get("train_batch_size", per_gpu) // per_gpu
+        gpus = ds_config_reader.read(ds_config).implied_world_size() or 1
     return plan(preset, arch, gpu, ds_config, gpus, model_overrides=block.get("model"),
                 activation_checkpointing=bool(block.get("activation_checkpointing")), **options)
 
@@ -264,9 +262,7 @@ def plan_ds_config(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int 
 def plan_config(preset: str, arch: str, gpu: str, path: str, mfu: float = 0.35, price: float | None = None,
                 tokens: int | None = None) -> Plan:
     """`plan_ds_config` for a ds_config file."""
-    from .training.arguments import _load_json  # the same ds_config reader as training
-
-    return plan_ds_config(preset, arch, gpu, _load_json(path), mfu=mfu, price=price, tokens=tokens)
+    return plan_ds_config(preset, arch, gpu, ds_config_reader.load(path), mfu=mfu, price=price, tokens=tokens)
 
 
 def _hours(hours: float) -> str:
@@ -307,12 +303,11 @@ def validation_markdown() -> str:
     """Predicted against measured peak memory, as BENCHMARKS.md shows it."""
     lines = ["| device | run | measured peak | predicted | error | measured by |", "|---|---|---|---|---|---|"]
     for m, row in zip(MEASURED, validation_table(), strict=True):
-        ds = m["ds_config"]
-        precision = "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
-        offload = " + CPU Adam" if ds["zero_optimization"].get("offload_optimizer") else ""
+        ds = ds_config_reader.read(m["ds_config"])
+        offload = f" + {ds.offload_optimizer.upper()} Adam" if ds.offload_optimizer != "none" else ""
         experts = f", {m['model']['num_local_experts']} experts" if "model" in m else ""
-        run = (f"{m['preset']} {m['arch']} (vocab {m['vocab_size']:,}{experts}), {precision}, "
-               f"ZeRO-{ds['zero_optimization']['stage']}{offload}, micro {row['micro_batch']}, "
+        run = (f"{m['preset']} {m['arch']} (vocab {m['vocab_size']:,}{experts}), {ds.precision}, "
+               f"ZeRO-{ds.zero_stage}{offload}, micro {row['micro_batch']}, "
                f"seq {PRESETS[m['preset']].seq_len}{', checkpointing' if m['checkpointing'] else ''}")
         source = f"`{m['source']}`" if m["source"].startswith("python") else m["source"]
         lines.append(f"| {m['hardware']} | {run} | {m['gib']:.2f} GiB | {row['predicted_gib']:.2f} GiB | "
@@ -344,8 +339,6 @@ def format_plan(p: Plan) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .training.arguments import ConfigError, _load_json  # the same ds_config reader as training
-
     p = argparse.ArgumentParser(description="Project memory, speed and cost of a preset on a GPU.")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--arch", default="dense", choices=["dense", "moe", "mod", "hybrid"])
@@ -372,12 +365,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.preset or not args.gpu:
         p.error("--preset and --gpu are required (or --validate)")
     try:
-        raw = _load_json(args.ds_config) if args.ds_config else {
+        raw = ds_config_reader.load(args.ds_config) if args.ds_config else {
             "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
-    except ConfigError as error:
+        result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, tokens=args.tokens, mfu=args.mfu,
+                                price=args.price, vocab_size=args.vocab_size)
+    except ds_config_reader.ConfigError as error:
         raise SystemExit(f"error: {error}") from None
-    result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, tokens=args.tokens, mfu=args.mfu,
-                            price=args.price, vocab_size=args.vocab_size)
     print(json.dumps(result.__dict__, indent=2) if args.json else format_plan(result))
     if not math.isfinite(result.peak_gib):
         raise SystemExit("error: the plan is not finite")
