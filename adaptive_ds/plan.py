@@ -28,12 +28,13 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 
 from . import ds_config as ds_config_reader
 from .flops import training_flops_per_token
 from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR
 from .models.configuration import AdaptiveDSConfig
-from .presets import PRESETS, model_config, parameter_counts
+from .presets import PRESETS, block_parameters, model_config, parameter_counts
 
 GIB = 2**30
 GPU_MEMORY_GIB = {"t4": 15.0, "rtx4090": 24.0, "a100": 80.0, "a100_40gb": 40.0, "h100": 80.0, "h200": 141.0}
@@ -62,8 +63,9 @@ class Layout:
 
 
 def expert_parameters(config: AdaptiveDSConfig) -> int:
-    layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
-    return layers * config.num_local_experts * 3 * config.hidden_size * config.intermediate_size
+    """The parameters of every expert of every MoE layer: those expert parallelism splits."""
+    return sum(block.experts * block.mlp for block in map(partial(block_parameters, config),
+                                                          range(config.num_hidden_layers)))
 
 
 def model_state_bytes(config: AdaptiveDSConfig, layout: Layout, gpus: int) -> tuple[float, float]:
