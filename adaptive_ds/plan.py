@@ -31,17 +31,13 @@ from dataclasses import dataclass
 from functools import partial
 
 from . import ds_config as ds_config_reader
+from .ds_config import ConfigError
 from .flops import training_flops_per_token
-from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR
+from .hardware import DEVICES, GPUS
 from .models.configuration import AdaptiveDSConfig
 from .presets import PRESETS, block_parameters, model_config, parameter_counts
 
 GIB = 2**30
-GPU_MEMORY_GIB = {"t4": 15.0, "rtx4090": 24.0, "a100": 80.0, "a100_40gb": 40.0, "h100": 80.0, "h200": 141.0}
-
-
-def _peak(gpu: str) -> float:
-    return PEAK_TFLOPS["a100" if gpu.startswith("a100") else gpu]
 
 
 @dataclass
@@ -158,15 +154,18 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
     with_ckpt = activation_bytes(config, layout, seq_len, checkpointing=True)
     activations = with_ckpt if activation_checkpointing else without
     peak = (states_gpu + activations) / GIB
-    capacity = GPU_MEMORY_GIB[gpu]
+    device = DEVICES[gpu]
+    price = price if price is not None else device.price_per_hour
+    if price is None:
+        raise ConfigError(f"no $/hour is known for {gpu} (adaptive_ds/hardware.py); pass --price")
+    capacity = device.memory_gib
     fits = peak <= capacity
     advice = "fits" if fits else _advice(layout, peak, capacity, with_ckpt, states_gpu)
     flops = training_flops_per_token(config, seq_len)
-    bound = gpus * _peak(gpu) * 1e12 / flops
+    bound = gpus * device.peak_tflops * 1e12 / flops
     projected = bound * mfu
     tokens = tokens if tokens is not None else 20 * counts.total  # Chinchilla (Hoffmann et al. 2022)
     hours = tokens / projected / 3600
-    price = price if price is not None else PRICE_PER_HOUR[gpu]
     return Plan(preset, arch, gpu, gpus, counts.total, counts.active, states_gpu / GIB, states_cpu / GIB,
                 activations / GIB, without / GIB, with_ckpt / GIB, peak, capacity, fits, advice, flops, bound,
                 projected, mfu, tokens, hours, hours * gpus * price, price)
@@ -333,7 +332,7 @@ def format_plan(p: Plan) -> str:
         f"{p.activations_with_checkpointing_gib:.2f} GiB with",
         f"  predicted peak: {p.peak_gib:.2f} GiB of {p.gpu_memory_gib:.0f} GiB -> {p.advice}",
         f"  training FLOPs per token: {p.flops_per_token / 1e9:.2f} GFLOP",
-        f"  tokens/s: at most {p.tokens_per_s_bound:,.0f} (peak {_peak(p.gpu):.0f} TFLOP/s per GPU); "
+        f"  tokens/s: at most {p.tokens_per_s_bound:,.0f} (peak {DEVICES[p.gpu].peak_tflops:.0f} TFLOP/s per GPU); "
         f"projected {p.tokens_per_s_projected:,.0f} at {100 * p.mfu:.0f}% MFU",
         f"  {p.tokens:,} tokens: {p.hours:,.1f} h, ${p.cost_usd:,.0f} at ${p.price_per_gpu_hour:.2f}/GPU-hour; "
         f"${p.cost_usd / p.tokens * 1e9:,.2f} per 1B tokens",
@@ -344,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Project memory, speed and cost of a preset on a GPU.")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--arch", default="dense", choices=["dense", "moe", "mod", "hybrid"])
-    p.add_argument("--gpu", choices=list(GPU_MEMORY_GIB))
+    p.add_argument("--gpu", choices=GPUS)
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--ds_config", help="DeepSpeed config (default: fp16, ZeRO-2, micro-batch 1)")
     p.add_argument("--tokens", type=int, help="token budget (default: 20 x total parameters)")
@@ -371,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
             "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
         result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, tokens=args.tokens, mfu=args.mfu,
                                 price=args.price, vocab_size=args.vocab_size)
-    except ds_config_reader.ConfigError as error:
+    except ConfigError as error:
         raise SystemExit(f"error: {error}") from None
     print(json.dumps(result.__dict__, indent=2) if args.json else format_plan(result))
     if not math.isfinite(result.peak_gib):
