@@ -14,6 +14,7 @@ import copy
 import importlib.util
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -127,7 +128,7 @@ _TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str:
 
 def _type_name(hint, article: bool = True) -> str:
     names = [_TYPE_NAMES.get(typing.get_origin(m) or m, "a list") for m in _members(hint)]
-    return " or ".join(names if article else [n.split(" ", 1)[1] if n[:2] in ("a ", "an") else n for n in names])
+    return " or ".join(names if article else [re.sub(r"^an? ", "", name) for name in names])
 
 
 def _type_problems(cls: type, values: dict, prefix: str = "") -> dict[str, str]:
@@ -176,7 +177,7 @@ def _flag_help(f: Field) -> str:
     meta = f.metadata
     choices = f"; one of {', '.join(meta['choices'])}" if meta["choices"] else ""
     merged = "; a JSON object whose keys override the block's" if f.default is MISSING else ""
-    return f"{meta['help']}{choices}{merged} (default: {_default_json(f)})"
+    return f"{meta['help']}{choices}{merged} (default: {_default_json(f)})".replace("%", "%%")  # argparse formats it
 
 
 def build_parser() -> argparse.ArgumentParser:
