@@ -32,7 +32,7 @@ from . import distributed
 from .data import build_training_data
 from .export import to_llama, to_mixtral
 from .flops import training_flops_per_token
-from .hardware import PEAK_TFLOPS, detect_gpu
+from .hardware import DEVICES, detect_device
 from .models import AdaptiveDSForCausalLM
 from .presets import PRESETS, model_config
 from .report import commit, machine, replace_section
@@ -129,8 +129,8 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch
     for _ in range(rounds):
         for case in built:
             case.run(batches, steps)
-    gpu = detect_gpu()
-    peak = PEAK_TFLOPS.get(gpu) if gpu else None
+    device = detect_device()
+    peak = DEVICES[device].peak_tflops if device else None  # a CPU has no agreed peak; nor has an unknown GPU
     results = {case.name: case.result(seq_len, peak) for case in built}
     ratios = {f"{a}/{b}": results[a]["tokens_per_s"] / results[b]["tokens_per_s"]
               for a, b in RATIOS if a in results and b in results}

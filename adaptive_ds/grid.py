@@ -16,7 +16,7 @@ summary.json and metrics.jsonl the grid reports the seed's per-preset table, mea
 - speed and cost: training tokens/s (data and train phases), MFU on a GPU of the hardware table (achieved
   TFLOP/s on a CPU, where no peak is agreed), peak memory, wall time, the time breakdown (setup, data, train,
   checkpoint, eval, other), the run's cost and the cost per 1B tokens at the device's $/hour
-  (`adaptive_ds.hardware.PRICE_PER_HOUR`, or --price);
+  (`adaptive_ds.hardware.DEVICES`, or --price);
 - routing: expert utilisation, load balance and dropped share (MoE), skip rate and FLOPs reduction (MoD), as
   means over the run's logged windows.
 
@@ -37,9 +37,10 @@ import time
 
 import numpy as np
 
+from . import ds_config as ds_config_reader
 from .distributed import DISTRIBUTED_VARIABLES
 from .flops import training_flops_per_token
-from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR, detect_gpu
+from .hardware import DEVICES, detect_device
 from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
 from .presets import PRESETS
 from .report import commit, machine, replace_section
@@ -93,9 +94,12 @@ def _peak_gib(summary: dict) -> float:
 
 def run_grid(preset: str, tokens: int, out_dir: str, ds_config: str, runs_dir: str, seed: int = 1234,
              price: float | None = None, warmup_steps: int | None = None) -> dict:
-    gpu = detect_gpu()
-    price = price if price is not None else PRICE_PER_HOUR.get(gpu or "cpu")
-    peak_tflops = PEAK_TFLOPS.get(gpu) if gpu else None
+    key = detect_device()  # None: a GPU the hardware table does not know (no peak, no price)
+    device = DEVICES.get(key)
+    gpu = key if key != "cpu" else None
+    if price is None and device is not None:
+        price = device.price_per_hour
+    peak_tflops = device.peak_tflops if device else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     runs = {}
     for arch in ARCHITECTURES:
@@ -241,8 +245,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--benchmarks_md", default="BENCHMARKS.md")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if not os.path.isfile(args.ds_config):
-        raise SystemExit(f"error: ds_config {args.ds_config!r} not found; the configs are in ds_configs/")
+    try:  # a broken config fails here, in one line, not in the first of the runs
+        ds_config_reader.read(ds_config_reader.load(args.ds_config))
+    except ds_config_reader.ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
     for preset in args.preset:
         try:
             report = run_grid(preset, args.tokens, args.out, args.ds_config, args.runs, price=args.price,

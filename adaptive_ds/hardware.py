@@ -1,22 +1,47 @@
-"""Peak dense tensor throughput and rental prices of common accelerators: MFU, the honesty bound on tokens/s,
-and the cost figures."""
+"""The one table of hardware facts: peak dense tensor throughput (MFU, the honesty bound on tokens/s), the
+memory the planner fits a model into, and the rental price behind every cost figure."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-# Dense fp16/bf16 tensor-core peaks in TFLOP/s (vendor datasheets, without sparsity).
-PEAK_TFLOPS = {"t4": 65.0, "rtx3090": 71.0, "rtx4090": 165.0, "a100": 312.0, "h100": 989.0, "h200": 989.0}
 
-# On-demand $ per device-hour behind every cost figure (rounded cloud list prices, late 2026; planner and grid
-# take --price to override). "cpu": a 2-vCPU x86 cloud VM such as the machine the CPU figures come from.
-PRICE_PER_HOUR = {"cpu": 0.09, "t4": 0.35, "rtx4090": 0.69, "a100": 1.79, "a100_40gb": 1.29, "h100": 2.99,
-                  "h200": 3.79}
+@dataclass(frozen=True)
+class Device:
+    peak_tflops: float | None  # dense fp16/bf16 tensor-core peak, TFLOP/s (vendor datasheet, without sparsity)
+    memory_gib: float | None  # what the planner may fill (a T4's 16 GB card shows 15 GiB to CUDA)
+    price_per_hour: float | None  # on-demand $ per device-hour; None: no price known (pass --price)
+    names: tuple[str, ...] = ()  # all appear in its CUDA device name (lower case, spaces removed)
 
 
-def detect_gpu() -> str | None:
-    """The key of PEAK_TFLOPS for the current CUDA device, or None (CPU, or a GPU not in the table)."""
+# Prices: rounded cloud list prices, late 2026 (planner and grid take --price to override). "cpu": a 2-vCPU x86
+# cloud VM such as the machine the CPU figures come from; no peak is agreed for it, so it reports achieved
+# TFLOP/s instead of MFU.
+DEVICES: dict[str, Device] = {
+    "cpu": Device(None, None, 0.09),
+    "t4": Device(65.0, 15.0, 0.35, ("t4",)),
+    "rtx3090": Device(71.0, 24.0, None, ("rtx3090",)),
+    "rtx4090": Device(165.0, 24.0, 0.69, ("rtx4090",)),
+    "a100": Device(312.0, 80.0, 1.79, ("a100",)),
+    "a100_40gb": Device(312.0, 40.0, 1.29, ("a100", "40gb")),
+    "h100": Device(989.0, 80.0, 2.99, ("h100",)),
+    "h200": Device(989.0, 141.0, 3.79, ("h200",)),
+}
+GPUS = tuple(key for key, device in DEVICES.items() if device.peak_tflops is not None)
+
+
+def gpu_key(cuda_name: str) -> str | None:
+    """The DEVICES key of a CUDA device name such as "NVIDIA A100-SXM4-40GB" (the most specific match), or None
+    for a GPU not in the table."""
+    name = cuda_name.lower().replace(" ", "")
+    matches = [key for key in GPUS if all(part in name for part in DEVICES[key].names)]
+    return max(matches, key=lambda key: len(DEVICES[key].names), default=None)
+
+
+def detect_device() -> str | None:
+    """The DEVICES key of this process's device: "cpu" without CUDA, None for a GPU the table does not know."""
     if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name().lower().replace(" ", "")
-    return next((key for key in PEAK_TFLOPS if key in name), None)
+        return "cpu"
+    return gpu_key(torch.cuda.get_device_name())

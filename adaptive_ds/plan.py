@@ -28,18 +28,16 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 
+from . import ds_config as ds_config_reader
+from .ds_config import ConfigError
 from .flops import training_flops_per_token
-from .hardware import PEAK_TFLOPS, PRICE_PER_HOUR
+from .hardware import DEVICES, GPUS
 from .models.configuration import AdaptiveDSConfig
-from .presets import PRESETS, model_config, parameter_counts
+from .presets import PRESETS, block_parameters, model_config, parameter_counts
 
 GIB = 2**30
-GPU_MEMORY_GIB = {"t4": 15.0, "rtx4090": 24.0, "a100": 80.0, "a100_40gb": 40.0, "h100": 80.0, "h200": 141.0}
-
-
-def _peak(gpu: str) -> float:
-    return PEAK_TFLOPS["a100" if gpu.startswith("a100") else gpu]
 
 
 @dataclass
@@ -54,17 +52,16 @@ class Layout:
 
     @classmethod
     def from_ds_config(cls, ds_config: dict, activation_checkpointing: bool) -> Layout:
-        zero = ds_config.get("zero_optimization", {})
-        return cls(micro_batch=ds_config.get("train_micro_batch_size_per_gpu", 1), zero_stage=zero.get("stage", 0),
-                   offload_optimizer=zero.get("offload_optimizer", {}).get("device") == "cpu",
-                   half_precision=bool(ds_config.get("fp16", {}).get("enabled")
-                                       or ds_config.get("bf16", {}).get("enabled")),
+        ds = ds_config_reader.read(ds_config)
+        return cls(micro_batch=ds.micro_batch, zero_stage=ds.zero_stage,
+                   offload_optimizer=ds.offload_optimizer != "none", half_precision=ds.half_precision,
                    activation_checkpointing=activation_checkpointing)
 
 
 def expert_parameters(config: AdaptiveDSConfig) -> int:
-    layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
-    return layers * config.num_local_experts * 3 * config.hidden_size * config.intermediate_size
+    """The parameters of every expert of every MoE layer: those expert parallelism splits."""
+    return sum(block.experts * block.mlp for block in map(partial(block_parameters, config),
+                                                          range(config.num_hidden_layers)))
 
 
 def model_state_bytes(config: AdaptiveDSConfig, layout: Layout, gpus: int) -> tuple[float, float]:
@@ -157,15 +154,18 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
     with_ckpt = activation_bytes(config, layout, seq_len, checkpointing=True)
     activations = with_ckpt if activation_checkpointing else without
     peak = (states_gpu + activations) / GIB
-    capacity = GPU_MEMORY_GIB[gpu]
+    device = DEVICES[gpu]
+    price = price if price is not None else device.price_per_hour
+    if price is None:
+        raise ConfigError(f"no $/hour is known for {gpu} (adaptive_ds/hardware.py); pass --price")
+    capacity = device.memory_gib
     fits = peak <= capacity
     advice = "fits" if fits else _advice(layout, peak, capacity, with_ckpt, states_gpu)
     flops = training_flops_per_token(config, seq_len)
-    bound = gpus * _peak(gpu) * 1e12 / flops
+    bound = gpus * device.peak_tflops * 1e12 / flops
     projected = bound * mfu
     tokens = tokens if tokens is not None else 20 * counts.total  # Chinchilla (Hoffmann et al. 2022)
     hours = tokens / projected / 3600
-    price = price if price is not None else PRICE_PER_HOUR[gpu]
     return Plan(preset, arch, gpu, gpus, counts.total, counts.active, states_gpu / GIB, states_cpu / GIB,
                 activations / GIB, without / GIB, with_ckpt / GIB, peak, capacity, fits, advice, flops, bound,
                 projected, mfu, tokens, hours, hours * gpus * price, price)
@@ -230,7 +230,7 @@ def validation_table() -> list[dict]:
                  model_overrides={"moe_drop_tokens": False, **m.get("model", {})},
                  cpu_process=m["device"] == "cpu")
         rows.append({"device": m["device"], "preset": m["preset"], "arch": m["arch"],
-                     "micro_batch": m["ds_config"]["train_micro_batch_size_per_gpu"],
+                     "micro_batch": ds_config_reader.read(m["ds_config"]).micro_batch,
                      "checkpointing": m["checkpointing"], "predicted_gib": round(p.peak_gib, 2),
                      "measured_gib": m["gib"], "error": round(p.peak_gib / m["gib"] - 1, 3), "source": m["source"]})
     return rows
@@ -255,8 +255,7 @@ def plan_ds_config(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int 
     adaptive_ds block; without `gpus`, the GPU count its batch sizes imply. `options`: those of `plan`."""
     block = ds_config.get("adaptive_ds", {})
     if gpus is None:
-        per_gpu = ds_config.get("train_micro_batch_size_per_gpu", 1) * ds_config.get("gradient_accumulation_steps", 1)
-        gpus = ds_config.get("train_batch_size", per_gpu) // per_gpu
+        gpus = ds_config_reader.read(ds_config).implied_world_size() or 1
     return plan(preset, arch, gpu, ds_config, gpus, model_overrides=block.get("model"),
                 activation_checkpointing=bool(block.get("activation_checkpointing")), **options)
 
@@ -264,9 +263,7 @@ def plan_ds_config(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int 
 def plan_config(preset: str, arch: str, gpu: str, path: str, mfu: float = 0.35, price: float | None = None,
                 tokens: int | None = None) -> Plan:
     """`plan_ds_config` for a ds_config file."""
-    from .training.arguments import _load_json  # the same ds_config reader as training
-
-    return plan_ds_config(preset, arch, gpu, _load_json(path), mfu=mfu, price=price, tokens=tokens)
+    return plan_ds_config(preset, arch, gpu, ds_config_reader.load(path), mfu=mfu, price=price, tokens=tokens)
 
 
 def _hours(hours: float) -> str:
@@ -307,12 +304,11 @@ def validation_markdown() -> str:
     """Predicted against measured peak memory, as BENCHMARKS.md shows it."""
     lines = ["| device | run | measured peak | predicted | error | measured by |", "|---|---|---|---|---|---|"]
     for m, row in zip(MEASURED, validation_table(), strict=True):
-        ds = m["ds_config"]
-        precision = "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
-        offload = " + CPU Adam" if ds["zero_optimization"].get("offload_optimizer") else ""
+        ds = ds_config_reader.read(m["ds_config"])
+        offload = f" + {ds.offload_optimizer.upper()} Adam" if ds.offload_optimizer != "none" else ""
         experts = f", {m['model']['num_local_experts']} experts" if "model" in m else ""
-        run = (f"{m['preset']} {m['arch']} (vocab {m['vocab_size']:,}{experts}), {precision}, "
-               f"ZeRO-{ds['zero_optimization']['stage']}{offload}, micro {row['micro_batch']}, "
+        run = (f"{m['preset']} {m['arch']} (vocab {m['vocab_size']:,}{experts}), {ds.precision}, "
+               f"ZeRO-{ds.zero_stage}{offload}, micro {row['micro_batch']}, "
                f"seq {PRESETS[m['preset']].seq_len}{', checkpointing' if m['checkpointing'] else ''}")
         source = f"`{m['source']}`" if m["source"].startswith("python") else m["source"]
         lines.append(f"| {m['hardware']} | {run} | {m['gib']:.2f} GiB | {row['predicted_gib']:.2f} GiB | "
@@ -336,7 +332,7 @@ def format_plan(p: Plan) -> str:
         f"{p.activations_with_checkpointing_gib:.2f} GiB with",
         f"  predicted peak: {p.peak_gib:.2f} GiB of {p.gpu_memory_gib:.0f} GiB -> {p.advice}",
         f"  training FLOPs per token: {p.flops_per_token / 1e9:.2f} GFLOP",
-        f"  tokens/s: at most {p.tokens_per_s_bound:,.0f} (peak {_peak(p.gpu):.0f} TFLOP/s per GPU); "
+        f"  tokens/s: at most {p.tokens_per_s_bound:,.0f} (peak {DEVICES[p.gpu].peak_tflops:.0f} TFLOP/s per GPU); "
         f"projected {p.tokens_per_s_projected:,.0f} at {100 * p.mfu:.0f}% MFU",
         f"  {p.tokens:,} tokens: {p.hours:,.1f} h, ${p.cost_usd:,.0f} at ${p.price_per_gpu_hour:.2f}/GPU-hour; "
         f"${p.cost_usd / p.tokens * 1e9:,.2f} per 1B tokens",
@@ -344,12 +340,10 @@ def format_plan(p: Plan) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .training.arguments import ConfigError, _load_json  # the same ds_config reader as training
-
     p = argparse.ArgumentParser(description="Project memory, speed and cost of a preset on a GPU.")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--arch", default="dense", choices=["dense", "moe", "mod", "hybrid"])
-    p.add_argument("--gpu", choices=list(GPU_MEMORY_GIB))
+    p.add_argument("--gpu", choices=GPUS)
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--ds_config", help="DeepSpeed config (default: fp16, ZeRO-2, micro-batch 1)")
     p.add_argument("--tokens", type=int, help="token budget (default: 20 x total parameters)")
@@ -372,12 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.preset or not args.gpu:
         p.error("--preset and --gpu are required (or --validate)")
     try:
-        raw = _load_json(args.ds_config) if args.ds_config else {
+        raw = ds_config_reader.load(args.ds_config) if args.ds_config else {
             "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+        result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, tokens=args.tokens, mfu=args.mfu,
+                                price=args.price, vocab_size=args.vocab_size)
     except ConfigError as error:
         raise SystemExit(f"error: {error}") from None
-    result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, tokens=args.tokens, mfu=args.mfu,
-                            price=args.price, vocab_size=args.vocab_size)
     print(json.dumps(result.__dict__, indent=2) if args.json else format_plan(result))
     if not math.isfinite(result.peak_gib):
         raise SystemExit("error: the plan is not finite")

@@ -62,6 +62,43 @@ class ParameterCounts:
     active: int  # parameters one token passes through on average (MoE: top-k experts; MoD: routed share)
 
 
+@dataclass(frozen=True)
+class BlockParameters:
+    """The parameters of one decoder block, by part: the one place a block's arithmetic is written (parameter
+    counts, FLOPs and the planner's memory all start here)."""
+
+    attention: int  # q, k, v, o projections: 2 h^2 + 2 h kv
+    norms: int  # the two RMSNorm weights
+    mlp: int  # one SwiGLU MLP, or one expert: 3 h f
+    experts: int  # experts in this layer (0: a dense MLP)
+    experts_per_token: int
+    router: int  # the MoE router (0 in a dense layer)
+    mod_routing: int  # the MoD router and causal-routing predictor, run on every token (0: not routed)
+
+    @property
+    def mlp_total(self) -> int:
+        return self.router + self.experts * self.mlp if self.experts else self.mlp
+
+    @property
+    def mlp_active(self) -> int:
+        """The MLP parameters one token passes through: its top-k experts and the router."""
+        return self.router + self.experts_per_token * self.mlp if self.experts else self.mlp
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.norms + self.mlp_total + self.mod_routing
+
+
+def block_parameters(config: AdaptiveDSConfig, layer_idx: int) -> BlockParameters:
+    h, f, kv = config.hidden_size, config.intermediate_size, config.num_key_value_heads * config.head_dim
+    moe = config.is_moe_layer(layer_idx)
+    return BlockParameters(
+        attention=2 * h * h + 2 * h * kv, norms=2 * h, mlp=3 * h * f,
+        experts=config.num_local_experts if moe else 0, experts_per_token=config.num_experts_per_tok if moe else 0,
+        router=h * config.num_local_experts if moe else 0,
+        mod_routing=h + (h + 1) * config.mod_predictor_hidden_size if config.is_mod_layer(layer_idx) else 0)
+
+
 def parameter_counts(config: AdaptiveDSConfig) -> ParameterCounts:
     """Exact counts from the dimensions (a test checks them against built models).
 
@@ -69,26 +106,16 @@ def parameter_counts(config: AdaptiveDSConfig) -> ParameterCounts:
     the router, and the LM head. In a MoD-routed block only `mod_capacity` of the tokens run the block, so
     the block counts with that weight (its router and causal-routing predictor with weight 1).
     """
-    h, f, kv = config.hidden_size, config.intermediate_size, config.num_key_value_heads * config.head_dim
-    attention = 2 * h * h + 2 * h * kv
-    mlp = 3 * h * f
+    h = config.hidden_size
     embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
     total = active = float(embeddings + h)  # + final norm
     for i in range(config.num_hidden_layers):
-        block_total = block_active = attention + 2 * h
-        if config.is_moe_layer(i):
-            router = h * config.num_local_experts
-            block_total += router + config.num_local_experts * mlp
-            block_active += router + config.num_experts_per_tok * mlp
-        else:
-            block_total += mlp
-            block_active += mlp
+        block = block_parameters(config, i)
+        block_active = block.attention + block.norms + block.mlp_active
         if config.is_mod_layer(i):
-            routing = h + (h + 1) * config.mod_predictor_hidden_size  # router + causal predictor MLP
-            total += routing
-            active += routing
+            active += block.mod_routing
             block_active *= config.mod_capacity
-        total += block_total
+        total += block.total
         active += block_active
     return ParameterCounts(int(total), int(round(active)))
 

@@ -1,9 +1,13 @@
 import json
+import re
+import sys
+from dataclasses import fields
 
 import pytest
-from conftest import DEBUG_CPU, run_command
+import torch
+from conftest import DEBUG_CPU, ROOT, run_command
 
-from adaptive_ds.training.arguments import ConfigError, parse
+from adaptive_ds.training.arguments import ConfigError, RunSettings, build_parser, parse, settings_markdown
 
 
 def _config(tmp_path, **changes):
@@ -28,6 +32,40 @@ def test_block_is_removed_and_flags_override_it():
     assert ds_config["optimizer"]["params"]["betas"] == [0.9, 0.95]
 
 
+def test_every_setting_has_its_flag_and_nothing_else_does():
+    options = {o for action in build_parser()._actions for o in action.option_strings}
+    settings = {f"--{f.name}" for f in fields(RunSettings)}
+    assert settings <= options
+    negations = {"--no-compile", "--no-push_every_save", "--no-activation_checkpointing"}  # the booleans
+    assert options - settings == {"-h", "--help", "--ds_config", "--ep_size", "--local_rank"} | negations
+
+
+def test_flags_that_only_the_block_had_before_override_it(tmp_path):
+    path = _config(tmp_path, block={"compile": True, "model": {"moe_ep_size": 1, "router_aux_loss_coef": 0.02}})
+    settings, _ = parse(["--ds_config", path, "--text_field", "body", "--min_lr_ratio", "0.05", "--log_steps", "3",
+                         "--no-compile", "--tokens", "5000", "--model", '{"router_aux_loss_coef": 0.05}',
+                         "--controller", '{"spike_sigma": 4}', "--ep_size", "1"], 1)
+    assert (settings.text_field, settings.min_lr_ratio, settings.log_steps) == ("body", 0.05, 3)
+    assert settings.compile is False and settings.tokens == "5000"
+    assert settings.model == {"moe_ep_size": 1, "router_aux_loss_coef": 0.05}  # merged: the block's ep stays
+    assert settings.controller == {"spike_sigma": 4}
+    untouched, _ = parse(["--ds_config", path], 1)
+    assert untouched.compile is True and untouched.log_steps == 20
+
+
+def test_the_readme_holds_the_generated_settings_table():
+    readme = (ROOT / "README.md").read_text()
+    table = re.search(r"<!-- settings -->\n(.*?)\n<!-- /settings -->", readme, flags=re.S)
+    assert table, "README.md has no <!-- settings --> section"
+    assert table.group(1) == settings_markdown(), (
+        "README.md's settings table is stale; run: python -c \"from adaptive_ds.training.arguments import "
+        "write_settings_table; write_settings_table('README.md')\"")
+    rows = [line for line in table.group(1).splitlines()[2:]]
+    assert len(rows) == len(fields(RunSettings))
+    assert "| `max_steps` / `--max_steps` | integer | `100` |" in table.group(1)
+    assert "| `model` / `--model` | object | `{}` |" in table.group(1)
+
+
 @pytest.mark.parametrize("argv_extra, config_changes, message", [
     (["--preset", "b3"], {}, "unknown preset 'b3'; valid choices: debug, debug_200m, b1, b7"),
     (["--arch", "sparse"], {}, "unknown arch 'sparse'; valid choices: dense, moe, mod, hybrid"),
@@ -39,11 +77,65 @@ def test_block_is_removed_and_flags_override_it():
     ([], {"block": {"model": {"hidden": 3}}}, "unknown model field(s) hidden"),
     (["--gpu_memory_gib", "-1"], {}, "gpu_memory_gib must be > 0, got -1.0"),
     (["--warmup_steps", "-5"], {}, "warmup_steps must be >= 0, got -5"),
+    # types of the block's values, named with what they must be
+    ([], {"block": {"max_steps": "10"}}, "max_steps must be an integer, got '10'"),
+    ([], {"block": {"compile": "yes"}}, "compile must be true or false, got 'yes'"),
+    ([], {"block": {"min_lr_ratio": "0.1"}}, "min_lr_ratio must be a number, got '0.1'"),
+    ([], {"block": {"data_config": 3}}, "data_config must be a string or null, got 3"),
+    ([], {"block": {"model": [1]}}, "model must be an object, got [1]"),
+    ([], {"block": {"tokens": "lots"}}, "tokens 'lots' is not a positive whole number or 'chinchilla'"),
+    (["--resume", "sometimes"], {}, "unknown resume 'sometimes'; valid choices: auto, never"),
+    (["--report_to", "mlflow"], {}, "unknown report_to 'mlflow'; valid choices: none, tensorboard, wandb"),
+    # model overrides: checked by building the configuration the run would build
+    (["--arch", "mod"], {"block": {"model": {"mod_capacity": 2}}},
+     "model: invalid AdaptiveDSConfig: mod_capacity must be in (0, 1], got 2"),
+    ([], {"block": {"model": {"mod_capacity": "half"}}}, "model.mod_capacity must be a number, got 'half'"),
+    (["--arch", "moe", "--ep_size", "3"], {}, "num_local_experts 8 is not divisible by moe_ep_size 3"),
+    (["--arch", "moe", "--ep_size", "2"], {}, "moe_ep_size 2 does not divide the world size 1"),
+    (["--model", '{"num_attention_heads": 0}'], {}, "num_attention_heads must be >= 1, got 0"),
+    ([], {"block": {"controller": {"spike_sigma": "high"}}}, "controller.spike_sigma must be a number, got 'high'"),
+    ([], {"block": {"controller": {"mod_capacity_bounds": [0.5]}}}, "controller.mod_capacity_bounds must be a list"),
+    ([], {"block": {"controller": {"sigma": 1}}}, "unknown controller key(s) sigma"),
+    # the ds_config's own sections
+    ([], {"zero_optimization": {"stage": 4}}, "zero_optimization.stage 4 is not one of 0, 1, 2, 3"),
+    ([], {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+     "offload_param needs ZeRO stage 3"),
+    ([], {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}},
+     "offload_optimizer.device 'disk' is not one of none, cpu, nvme"),
 ])
 def test_bad_input_names_the_problem(tmp_path, argv_extra, config_changes, message):
     with pytest.raises(ConfigError) as error:
         parse(["--ds_config", _config(tmp_path, **config_changes), *argv_extra], 1)
     assert message in str(error.value)
+
+
+def test_every_problem_is_named_in_one_line(tmp_path):
+    path = _config(tmp_path, block={"max_steps": "10", "preset": "b3", "model": {"mod_capacity": "x"}})
+    with pytest.raises(ConfigError) as error:
+        parse(["--ds_config", path, "--keep_last", "0"], 1)
+    message = str(error.value)
+    assert "\n" not in message
+    for part in ("max_steps must be an integer", "unknown preset 'b3'", "keep_last must be >= 1, got 0"):
+        assert part in message
+
+
+@pytest.mark.parametrize("reporter", ["wandb", "tensorboard"])
+def test_a_reporter_without_its_package_fails_at_validation(tmp_path, monkeypatch, reporter):
+    # a None entry in sys.modules is how Python marks a module as not importable: find_spec then finds nothing
+    monkeypatch.setitem(sys.modules, reporter, None)
+    with pytest.raises(ConfigError, match=f"report_to {reporter} needs the {reporter} package, which is not "
+                                          "installed"):
+        parse(["--ds_config", DEBUG_CPU, "--report_to", reporter], 1)
+
+
+def test_bad_model_overrides_stop_training_before_the_process_group_and_the_output(tmp_path):
+    from adaptive_ds.training import train
+
+    out = tmp_path / "run"
+    path = _config(tmp_path, block={"arch": "mod", "model": {"mod_capacity": 2}})
+    with pytest.raises(ConfigError, match="mod_capacity must be in"):
+        train(["--ds_config", path, "--output_dir", str(out)])
+    assert not torch.distributed.is_initialized() and not out.exists()
 
 
 def test_batch_sizes_are_checked_against_the_world_size(tmp_path):

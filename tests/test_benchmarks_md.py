@@ -9,7 +9,7 @@ from conftest import ROOT
 from adaptive_ds.benchmark import CASES
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.flops import training_flops_per_token
-from adaptive_ds.hardware import PEAK_TFLOPS
+from adaptive_ds.hardware import DEVICES
 from adaptive_ds.presets import PRESETS, model_config
 
 # A generous bound for the 2-core CPU figures: 2 cores x 4 GHz x 2 FMA units x 16 fp32 lanes x 2 FLOPs.
@@ -73,7 +73,7 @@ def test_projections_are_labelled_and_stay_under_the_gpu_peak():
             gpus, gpu = re.match(r"(\d+) x (\w+),", row[header.index("hardware, config")]).groups()
             config = model_config(preset, row[0], 32000)
             flops = training_flops_per_token(config, PRESETS[preset].seq_len)
-            peak = PEAK_TFLOPS["a100" if gpu.startswith("a100") else gpu]
+            peak = DEVICES[gpu].peak_tflops
             limit = int(gpus) * peak * 1e12 / flops
             assert _number(row[projected]) <= _number(row[bound]) <= limit * 1.001, (preset, row[0], gpu)
 

@@ -1,4 +1,5 @@
-"""Every shipped DeepSpeed config: known keys, consistent batch sizes, an existing preset, one precision."""
+"""The ds_config reader (adaptive_ds/ds_config.py), and every shipped DeepSpeed config: known keys, consistent batch
+sizes, an existing preset, one precision."""
 
 import json
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from adaptive_ds import ds_config as reader
 from adaptive_ds.presets import PRESETS, model_config, parameter_counts
 from adaptive_ds.training.arguments import ConfigError, check_precision, parse
 
@@ -65,3 +67,52 @@ def test_bf16_is_refused_below_compute_capability_8():
     check_precision(bf16, (8, 0))
     check_precision({"fp16": {"enabled": True}}, (7, 5))
     check_precision(bf16, None)  # CPU
+
+
+# (micro, accumulation, train_batch_size, precision, ZeRO stage, optimizer offload), read off the JSON files by hand
+SHIPPED = {
+    "debug_cpu.json": (16, 1, None, "fp32", 1, "none"),
+    "b1_t4.json": (4, 64, 256, "fp16", 2, "cpu"),
+    "b1_h100.json": (8, 32, 256, "bf16", 1, "none"),
+    "b7_8gpu.json": (2, 16, 256, "bf16", 3, "none"),
+    "b7_moe_8gpu.json": (1, 32, 256, "bf16", 2, "cpu"),
+}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_reader_reads_the_shipped_configs(name):
+    layout = reader.read(reader.load(str(ROOT / "ds_configs" / name)))
+    assert (layout.micro_batch, layout.accumulation, layout.train_batch_size, layout.precision, layout.zero_stage,
+            layout.offload_optimizer) == SHIPPED[name]
+    assert layout.offload_param == "none" and layout.half_precision == (SHIPPED[name][3] != "fp32")
+    assert layout.implied_world_size() == (None if name == "debug_cpu.json" else 256 // (layout.rows_per_rank_step))
+
+
+def test_the_reader_knows_deepspeed_s_spellings_and_defaults():
+    layout = reader.read({"train_micro_batch_size_per_gpu": 2, "bfloat16": {"enabled": True},
+                          "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})
+    assert (layout.accumulation, layout.precision, layout.offload_param, layout.offload_optimizer) == (
+        1, "bf16", "nvme", "none")
+    assert reader.read({"train_micro_batch_size_per_gpu": 1}).zero_stage == 0  # no ZeRO section: stage 0
+
+
+@pytest.mark.parametrize("config, world_size, message", [
+    ({}, None, "must set train_micro_batch_size_per_gpu"),
+    ({"train_micro_batch_size_per_gpu": 2.5}, None, "batch sizes must be positive integers: "
+                                                     "train_micro_batch_size_per_gpu=2.5"),
+    ({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": True}, None,
+     "gradient_accumulation_steps=True"),
+    ({"train_micro_batch_size_per_gpu": 2, "train_batch_size": 8}, 2, "train_batch_size 8 != "
+     "train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 1 x world size 2 = 4"),
+    ({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True}, "bfloat16": {"enabled": True}}, None,
+     "fp16 and bf16 are both enabled"),
+    ({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": True}}, None,
+     "zero_optimization.stage True is not one of 0, 1, 2, 3"),
+])
+def test_the_reader_names_what_is_wrong(config, world_size, message):
+    found = reader.problems(config, world_size)
+    assert any(message in p for p in found), found
+    if world_size is None:  # read() raises the same problems, as one line
+        with pytest.raises(ConfigError) as error:
+            reader.read(config)
+        assert message in str(error.value)

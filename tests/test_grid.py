@@ -62,8 +62,13 @@ def test_a_failed_run_names_the_architecture(tmp_path):
 def test_the_command_refuses_a_missing_config_and_an_unknown_preset(tmp_path, capsys):
     from adaptive_ds.grid import main
 
-    with pytest.raises(SystemExit, match="ds_config .*none.json' not found; the configs are in ds_configs/"):
+    with pytest.raises(SystemExit, match="ds_config .*none.json' does not exist; pass a JSON file such as ds_configs/"):
         main(["--ds_config", str(tmp_path / "none.json")])
+    half = tmp_path / "half.json"
+    half.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True},
+                                "bf16": {"enabled": True}}))
+    with pytest.raises(SystemExit, match="fp16 and bf16 are both enabled"):
+        main(["--ds_config", str(half)])
     with pytest.raises(SystemExit):
         main(["--preset", "debug", "b3"])
     assert "invalid choice: 'b3'" in capsys.readouterr().err

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import ROOT
 
-from adaptive_ds.hardware import PEAK_TFLOPS
+from adaptive_ds.hardware import DEVICES
 from adaptive_ds.plan import SCENARIOS, main, plan, plan_config, validation_table
 
 
@@ -31,7 +31,7 @@ def test_b1_fits_a_t4_only_with_offload():
 
 def test_throughput_bound_and_cost_follow_from_the_flops():
     p = plan("b1", "dense", "a100", _ds("b1_a100.json"), tokens=10**9, mfu=0.4, price=2.0)
-    assert p.tokens_per_s_bound == pytest.approx(PEAK_TFLOPS["a100"] * 1e12 / p.flops_per_token)
+    assert p.tokens_per_s_bound == pytest.approx(DEVICES["a100"].peak_tflops * 1e12 / p.flops_per_token)
     assert p.tokens_per_s_projected == pytest.approx(0.4 * p.tokens_per_s_bound)
     assert p.hours == pytest.approx(1e9 / p.tokens_per_s_projected / 3600)
     assert p.cost_usd == pytest.approx(2.0 * p.hours)

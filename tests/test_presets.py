@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from adaptive_ds.models import ARCHITECTURES, AdaptiveDSForCausalLM
-from adaptive_ds.presets import PRESETS, main, model_config, pad_vocab, parameter_counts
+from adaptive_ds.presets import PRESETS, block_parameters, main, model_config, pad_vocab, parameter_counts
 
 
 def test_vocab_is_padded_to_a_multiple_of_64():
@@ -35,6 +35,19 @@ def test_every_preset_builds_on_meta_with_the_counted_parameters(preset, arch):
         assert counts.active == counts.total - unused
     if arch in ("mod", "hybrid"):
         assert counts.active < counts.total
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_each_block_has_the_parameters_of_the_built_layer(arch):
+    # interval 2: routed / expert layers alternate with plain ones, so both kinds are checked
+    config = model_config("debug", arch, 128, moe_layer_interval=2, mod_layer_interval=2)
+    with torch.device("meta"):
+        layers = AdaptiveDSForCausalLM(config).model.layers
+    for i, layer in enumerate(layers):
+        block = block_parameters(config, i)
+        assert block.total == sum(p.numel() for p in layer.parameters()), i
+        experts = [m for name, m in layer.named_modules() if name.endswith("deepspeed_experts")]
+        assert block.experts == (len(experts[0]) if experts else 0)
 
 
 def test_b1_dense_is_the_1_1b_llama():

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from transformers import PreTrainedConfig
 
 ARCHITECTURES = ("dense", "moe", "mod", "hybrid")
+POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "max_position_embeddings", "num_local_experts", "num_experts_per_tok",
+                  "moe_ep_size", "moe_layer_interval", "mod_layer_interval", "mod_predictor_hidden_size")
 
 
 @dataclass(repr=False)
@@ -70,7 +73,10 @@ class AdaptiveDSConfig(PreTrainedConfig):
 
     def problems(self) -> list[str]:
         """Every inconsistency in the configuration, so callers can report them all at once."""
-        found = []
+        found = [f"{name} must be >= 1, got {getattr(self, name)}" for name in POSITIVE_SIZES
+                 if getattr(self, name) < 1]
+        if found:
+            return found  # the checks below divide by these
         if self.arch not in ARCHITECTURES:
             found.append(f"arch {self.arch!r} is not one of {', '.join(ARCHITECTURES)}")
         if self.hidden_size % self.num_attention_heads:
@@ -89,8 +95,6 @@ class AdaptiveDSConfig(PreTrainedConfig):
                 found.append(f"moe_dispatch must be 'indexed' or 'deepspeed', got {self.moe_dispatch!r}")
             if self.moe_grouped_gemm not in ("auto", "always", "never"):
                 found.append(f"moe_grouped_gemm must be 'auto', 'always' or 'never', got {self.moe_grouped_gemm!r}")
-            if self.moe_layer_interval < 1:
-                found.append(f"moe_layer_interval must be >= 1, got {self.moe_layer_interval}")
         if self.uses_mod:
             if not 0.0 < self.mod_capacity <= 1.0:
                 found.append(f"mod_capacity must be in (0, 1], got {self.mod_capacity}")

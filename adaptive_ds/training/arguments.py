@@ -2,110 +2,200 @@
 
 A ds_config may hold one namespaced block, ``"adaptive_ds": {...}``, naming the preset, architecture and run
 settings. It is removed before DeepSpeed sees the config; command-line flags override it.
+
+`RunSettings` is the one definition of those settings: each field's type, default, help and valid choices
+generate its ``--flag``, its checks in `validate()` and the README's table (`settings_markdown()`).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
-from dataclasses import dataclass, field, fields
+import re
+import sys
+import types
+import typing
+from dataclasses import MISSING, Field, dataclass, field, fields
 
+from .. import ds_config as ds_config_reader
 from ..data import EMBEDDED
 from ..data.text import local_files, looks_like_path
+from ..ds_config import ConfigError
 from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
-from ..presets import PRESETS
-from .controller import controller_settings
+from ..presets import PRESETS, model_config
+from .controller import ControllerSettings, controller_settings
+
+__all__ = ["ConfigError", "RunSettings", "build_parser", "check_precision", "parse", "settings_markdown", "validate"]
 
 NAMESPACE = "adaptive_ds"
 ACCELERATE_DS_CONFIG = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # set by `accelerate launch` with the DeepSpeed plugin
+REPORTERS = ("none", "tensorboard", "wandb")
+REPORTER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # report_to -> the package it imports
+
+
+def setting(default, help: str, choices: tuple = (), at_least: float | None = None,
+            above: float | None = None) -> Field:
+    """A RunSettings field: its default, one line of help, and the checks `validate()` applies to it."""
+    metadata = {"help": help, "choices": tuple(choices), "at_least": at_least, "above": above}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class RunSettings:
-    """Everything about a run that is not DeepSpeed's: the keys allowed in the ``adaptive_ds`` block."""
+    """Everything about a run that is not DeepSpeed's: the keys allowed in the ``adaptive_ds`` block, each also
+    a flag that overrides it."""
 
-    preset: str = "debug"
-    arch: str = "dense"
-    data: str = EMBEDDED  # "embedded", local files (.jsonl, .json.gz, .parquet, .txt; a glob or folder) or a Hub name
-    data_config: str | None = None  # Hub dataset config, e.g. "en" for allenai/c4
-    text_field: str = "text"
-    tokenizer: str = "bpe:8192"  # text data: "bpe:N" trains a byte-level BPE offline, else a name or path
-    validation_share: float = 0.01  # text data: share of documents held out
-    tokens: str | None = None  # token budget: a number or "chinchilla" (20 x total parameters); sets max_steps
-    epochs: int = 1  # with a budget: passes over a subset of budget / epochs tokens
-    max_steps: int = 100
-    output_dir: str | None = None  # default: runs/<preset>-<arch>-<time>
-    seed: int = 1234
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak learning rate
-    log_steps: int = 10
-    eval_batches: int = 8  # held-out batches of the final validation loss
-    mod_capacity_warmup_steps: int = 0  # MoD capacity anneals linearly from 1.0 to the preset's over these steps
-    eval_steps: int = 0  # validation loss every N steps (0: only at the end)
-    save_steps: int = 0  # DeepSpeed checkpoint every N steps (0: only at the end)
-    keep_last: int = 2  # checkpoints kept
-    resume: str = "auto"  # "auto": continue from OUTPUT_DIR's latest checkpoint if there is one; "never"
-    report_to: str = "none"  # also mirror metrics to "tensorboard" or "wandb" (metrics.jsonl is always written)
-    push_to_hub: str | None = None  # Hub repo id: the final model is pushed with a model card
-    push_every_save: bool = False  # also push at every checkpoint, in the background
-    activation_checkpointing: bool = False  # recompute each block in backward (the controller may turn it on)
-    micro_batch: str | None = None  # "auto": start at the whole step's rows per rank and halve on out-of-memory
-    compile: bool = False  # torch.compile the model through DeepSpeed's engine.compile() (inductor)
-    gpu_memory_gib: float | None = None  # cap each process's CUDA allocator here: a smaller GPU on a larger one
-    controller: dict = field(default_factory=dict)  # ControllerSettings fields (adaptive_ds/training/controller.py)
-    model: dict = field(default_factory=dict)  # overrides of AdaptiveDSConfig fields
+    preset: str = setting("debug", "model size (adaptive_ds/presets.py)", choices=tuple(PRESETS))
+    arch: str = setting("dense", "architecture", choices=ARCHITECTURES)
+    data: str = setting(EMBEDDED, f"'{EMBEDDED}' (the built-in corpus), local files (.jsonl, .json.gz, .parquet, "
+                                  ".txt; a glob or folder) or a Hub dataset name")
+    data_config: str | None = setting(None, "Hub dataset config, e.g. en for allenai/c4")
+    text_field: str = setting("text", "text data: the field that holds each document")
+    tokenizer: str = setting("bpe:8192", "text data: bpe:N trains a byte-level BPE offline, else a tokenizer "
+                                         "name or path")
+    validation_share: float = setting(0.01, "text data: share of documents held out", above=0)
+    tokens: int | str | None = setting(None, "token budget: a number or chinchilla (20 x total parameters); sets "
+                                             "max_steps")
+    epochs: int = setting(1, "with a token budget: passes over a subset of budget / epochs tokens", at_least=1)
+    max_steps: int = setting(100, "optimizer steps", at_least=1)
+    output_dir: str | None = setting(None, "new or empty directory for metrics, summary and the final model "
+                                           "(unset: runs/PRESET-ARCH-TIME)")
+    seed: int = setting(1234, "seed of the weights and the data order")
+    warmup_steps: int = setting(20, "linear learning-rate warm-up steps", at_least=0)
+    min_lr_ratio: float = setting(0.1, "the cosine decays to this fraction of the peak learning rate", at_least=0)
+    log_steps: int = setting(10, "a metrics.jsonl record every N steps", at_least=1)
+    eval_batches: int = setting(8, "held-out batches of each validation loss", at_least=1)
+    mod_capacity_warmup_steps: int = setting(0, "MoD capacity anneals linearly from 1.0 to the preset's over "
+                                                "these steps", at_least=0)
+    eval_steps: int = setting(0, "validation loss every N steps (0: only at the end)", at_least=0)
+    save_steps: int = setting(0, "DeepSpeed checkpoint every N steps (0: only at the end)", at_least=0)
+    keep_last: int = setting(2, "checkpoints kept", at_least=1)
+    resume: str = setting("auto", "auto: continue from OUTPUT_DIR's latest checkpoint if there is one",
+                          choices=("auto", "never"))
+    report_to: str = setting("none", "also mirror metrics there (metrics.jsonl is always written)",
+                             choices=REPORTERS)
+    push_to_hub: str | None = setting(None, "Hub repo id: the final model is pushed with a model card")
+    push_every_save: bool = setting(False, "also push at every checkpoint, in the background")
+    activation_checkpointing: bool = setting(False, "recompute each block in backward (the controller may turn "
+                                                    "it on)")
+    micro_batch: str | None = setting(None, "auto: start at the whole step's rows per rank and halve on "
+                                            "out-of-memory", choices=("auto",))
+    compile: bool = setting(False, "torch.compile the model through DeepSpeed's engine.compile() (inductor); the "
+                                   "first steps pay the compilation")
+    gpu_memory_gib: float | None = setting(None, "cap each process's CUDA allocator here (e.g. 15 to rehearse a "
+                                                 "T4 on a larger GPU)", above=0)
+    controller: dict = setting({}, "ControllerSettings fields (adaptive_ds/training/controller.py)")
+    model: dict = setting({}, "overrides of AdaptiveDSConfig fields, e.g. {\"mod_capacity\": 0.25}")
 
 
-class ConfigError(ValueError):
-    """Bad user input: one line that names the problem and the valid choices."""
+def _types(cls: type) -> dict[str, object]:
+    """The evaluated annotations of `cls`'s own fields (a base class's may name types imported only for type
+    checking, which typing.get_type_hints cannot resolve)."""
+    namespace = vars(sys.modules[cls.__module__])
+    return {name: eval(hint, namespace) if isinstance(hint, str) else hint  # our own annotations, as typing would
+            for name, hint in vars(cls)["__annotations__"].items()}
+
+
+def _members(hint) -> tuple:
+    return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+
+
+def _matches(value, hint) -> bool:
+    """Whether a JSON value fits a field's annotation (an int fits a float; a list fits a tuple)."""
+    if isinstance(hint, types.UnionType):
+        return any(_matches(value, member) for member in typing.get_args(hint))
+    origin, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint in (int, float):
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    if origin is tuple:  # JSON has no tuples: a list of the right length and kinds
+        return isinstance(value, (list, tuple)) and len(value) == len(args) and all(
+            _matches(v, a) for v, a in zip(value, args, strict=True))
+    return isinstance(value, origin) if isinstance(origin, type) else True
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "an object",
+               type(None): "null"}
+
+
+def _type_name(hint, article: bool = True) -> str:
+    names = [_TYPE_NAMES.get(typing.get_origin(m) or m, "a list") for m in _members(hint)]
+    return " or ".join(names if article else [re.sub(r"^an? ", "", name) for name in names])
+
+
+def _type_problems(cls: type, values: dict, prefix: str = "") -> dict[str, str]:
+    """{name: problem} for every value that does not fit the type `cls` declares for it."""
+    hints = _types(cls)
+    return {name: f"{prefix}{name} must be {_type_name(hints[name])}, got {value!r}"
+            for name, value in values.items() if name in hints and not _matches(value, hints[name])}
+
+
+def _field_problems(settings: RunSettings) -> list[str]:
+    """Types, choices and bounds of every field, as RunSettings declares them."""
+    values = {f.name: getattr(settings, f.name) for f in fields(RunSettings)}
+    wrong_type = _type_problems(RunSettings, values)
+    found = list(wrong_type.values())
+    for f in fields(RunSettings):
+        value, meta = values[f.name], f.metadata
+        if f.name in wrong_type or value is None:
+            continue
+        if meta["choices"] and value not in meta["choices"]:
+            found.append(f"unknown {f.name} {value!r}; valid choices: {', '.join(meta['choices'])}")
+        if meta["at_least"] is not None and value < meta["at_least"]:
+            found.append(f"{f.name} must be >= {meta['at_least']}, got {value}")
+        if meta["above"] is not None and value <= meta["above"]:
+            found.append(f"{f.name} must be > {meta['above']}, got {value}")
+    return found
+
+
+def _flag_type(hint):
+    kinds = [m for m in _members(hint) if m is not type(None)]
+    if kinds == [dict]:
+        return _json_object
+    return kinds[0] if len(kinds) == 1 else str  # several kinds (tokens: a number or a word): validate() decides
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not a JSON object ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    return value
+
+
+def _flag_help(f: Field) -> str:
+    meta = f.metadata
+    choices = f"; one of {', '.join(meta['choices'])}" if meta["choices"] else ""
+    merged = "; a JSON object whose keys override the block's" if f.default is MISSING else ""
+    return f"{meta['help']}{choices}{merged} (default: {_default_json(f)})".replace("%", "%%")  # argparse formats it
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`--ds_config`, a flag per RunSettings field (unset flags are None: the block's value stands), `--ep_size`."""
     p = argparse.ArgumentParser(description="Train an adaptive_ds model through the DeepSpeed engine.")
     p.add_argument("--ds_config", default=os.environ.get(ACCELERATE_DS_CONFIG),
                    help="DeepSpeed JSON config with an optional 'adaptive_ds' block (default under `accelerate "
                         "launch`: the deepspeed_config_file of its config)")
-    p.add_argument("--preset", help=f"one of {', '.join(PRESETS)}")
-    p.add_argument("--arch", help=f"one of {', '.join(ARCHITECTURES)}")
-    p.add_argument("--data", help=f"'{EMBEDDED}' (the built-in corpus), local files or a Hub dataset name")
-    p.add_argument("--data_config", help="Hub dataset config (e.g. en for allenai/c4)")
-    p.add_argument("--tokenizer", help="bpe:N (trained on the data, offline) or a tokenizer name or path")
-    p.add_argument("--tokens", help="token budget: a number or 'chinchilla' (20 x total parameters)")
-    p.add_argument("--epochs", type=int, help="passes over a budget / epochs subset")
-    p.add_argument("--max_steps", type=int, help="optimizer steps")
-    p.add_argument("--output_dir", help="new or empty directory for metrics, summary and the final model")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--warmup_steps", type=int, help="linear learning-rate warm-up steps")
-    p.add_argument("--ep_size", type=int, help="expert-parallel group size for moe / hybrid")
-    p.add_argument("--eval_steps", type=int, help="validation loss every N steps")
-    p.add_argument("--save_steps", type=int, help="checkpoint every N steps")
-    p.add_argument("--keep_last", type=int, help="checkpoints to keep")
-    p.add_argument("--resume", choices=["auto", "never"], help="continue from OUTPUT_DIR's latest checkpoint")
-    p.add_argument("--micro_batch", choices=["auto"], help="find the largest micro-batch that fits")
-    p.add_argument("--compile", action="store_true", default=None,
-                   help="torch.compile the model (DeepSpeed's engine.compile); the first steps pay the compilation")
-    p.add_argument("--gpu_memory_gib", type=float,
-                   help="cap the CUDA memory of each process (e.g. 15 to rehearse a T4 on a larger GPU)")
-    p.add_argument("--report_to", choices=["none", "tensorboard", "wandb"], help="mirror metrics there too")
-    p.add_argument("--push_to_hub", metavar="REPO_ID", help="push the final model (and a model card) to the Hub")
-    p.add_argument("--push_every_save", action="store_true", default=None, help="also push at every checkpoint")
+    hints = _types(RunSettings)
+    for f in fields(RunSettings):
+        kind = _flag_type(hints[f.name])
+        if kind is bool:
+            p.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, help=_flag_help(f))
+        else:
+            p.add_argument(f"--{f.name}", type=kind, metavar=f.name.upper(), help=_flag_help(f))
+    p.add_argument("--ep_size", type=int, help="expert-parallel group size for moe / hybrid (model.moe_ep_size)")
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
     return p
-
-
-def _load_json(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise ConfigError(f"ds_config {path!r} does not exist; pass a JSON file such as ds_configs/debug_cpu.json")
-    try:
-        with open(path) as f:
-            config = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"ds_config {path!r} is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"ds_config {path!r} must hold a JSON object, not {type(config).__name__}")
-    return config
 
 
 def _settings_from_block(block, path: str) -> RunSettings:
@@ -121,44 +211,37 @@ def _settings_from_block(block, path: str) -> RunSettings:
 
 def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     """Collect every problem and raise once, naming the valid choices."""
-    problems = []
-    if settings.preset not in PRESETS:
-        problems.append(f"unknown preset {settings.preset!r}; valid choices: {', '.join(PRESETS)}")
-    if settings.arch not in ARCHITECTURES:
-        problems.append(f"unknown arch {settings.arch!r}; valid choices: {', '.join(ARCHITECTURES)}")
-    if settings.data != EMBEDDED and looks_like_path(settings.data) and not local_files(settings.data):
+    problems = _field_problems(settings)
+    if isinstance(settings.data, str) and settings.data != EMBEDDED and looks_like_path(settings.data) \
+            and not local_files(settings.data):
         problems.append(f"data path {settings.data!r} does not exist; valid choices: '{EMBEDDED}', existing local "
                         "files or a Hub dataset name")
-    if settings.tokens is not None and settings.tokens != "chinchilla" and not str(settings.tokens).isdigit():
-        problems.append(f"tokens {settings.tokens!r} is not a whole number or 'chinchilla'")
-    if settings.report_to not in ("none", "tensorboard", "wandb"):
-        problems.append(f"report_to {settings.report_to!r} is not one of none, tensorboard, wandb")
-    if settings.epochs < 1:
-        problems.append(f"epochs must be >= 1, got {settings.epochs}")
-    for name in ("max_steps", "log_steps", "eval_batches", "keep_last"):
-        if getattr(settings, name) < 1:
-            problems.append(f"{name} must be >= 1, got {getattr(settings, name)}")
-    for name in ("warmup_steps", "eval_steps", "save_steps", "mod_capacity_warmup_steps"):
-        if getattr(settings, name) < 0:
-            problems.append(f"{name} must be >= 0, got {getattr(settings, name)}")
-    if settings.gpu_memory_gib is not None and settings.gpu_memory_gib <= 0:
-        problems.append(f"gpu_memory_gib must be > 0, got {settings.gpu_memory_gib}")
-    if settings.resume not in ("auto", "never"):
-        problems.append(f"resume {settings.resume!r} is not one of auto, never")
-    model_fields = {f.name for f in fields(AdaptiveDSConfig)}
-    unknown = sorted(set(settings.model) - model_fields)
-    if unknown:
-        problems.append(f"unknown model field(s) {', '.join(unknown)}; valid: {', '.join(sorted(model_fields))}")
-    try:
-        controller_settings(settings.controller)
-    except ValueError as e:
-        problems.append(str(e))
-    if settings.arch in ("moe", "hybrid") and ds_config.get("zero_optimization", {}).get("stage", 0) == 3:
-        problems.append(f"arch {settings.arch} uses DeepSpeed MoE, which does not run under ZeRO-3; "
-                        "use zero_optimization stage 1 or 2 (with expert parallelism)")
-    problems += _batch_problems(ds_config, world_size)
-    if ds_config.get("fp16", {}).get("enabled") and ds_config.get("bf16", {}).get("enabled"):
-        problems.append("fp16 and bf16 are both enabled; enable at most one")
+    tokens = settings.tokens
+    if tokens is not None and tokens != "chinchilla" and not (isinstance(tokens, int) and tokens >= 1) \
+            and not (isinstance(tokens, str) and tokens.isdigit() and int(tokens) >= 1):
+        problems.append(f"tokens {tokens!r} is not a positive whole number or 'chinchilla'")
+    package = REPORTER_PACKAGES.get(settings.report_to)
+    if package and importlib.util.find_spec(package) is None:
+        problems.append(f"report_to {settings.report_to} needs the {package} package, which is not installed: pip "
+                        f"install {package} (or the logging extra), or pass --report_to none")
+    if isinstance(settings.controller, dict):
+        controller = list(_type_problems(ControllerSettings, settings.controller, "controller.").values())
+        if not controller:
+            try:
+                controller_settings(settings.controller)
+            except ValueError as e:
+                controller.append(str(e))
+        problems += controller
+    model = _model(settings, problems)
+    layout_problems = ds_config_reader.problems(ds_config, world_size)
+    problems += layout_problems
+    if model is not None and model.uses_moe and not layout_problems:
+        if ds_config_reader.read(ds_config).zero_stage == 3:
+            problems.append(f"arch {settings.arch} uses DeepSpeed MoE, which does not run under ZeRO-3; "
+                            "use zero_optimization stage 1 or 2 (with expert parallelism)")
+        if world_size % model.moe_ep_size:
+            problems.append(f"moe_ep_size {model.moe_ep_size} does not divide the world size {world_size}; pass "
+                            f"an --ep_size that divides the number of processes")
     if "optimizer" not in ds_config:
         problems.append("the ds_config has no 'optimizer' block; add e.g. "
                         '{"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}}')
@@ -166,28 +249,33 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
         raise ConfigError("; ".join(problems))
 
 
+def _model(settings: RunSettings, problems: list[str]) -> AdaptiveDSConfig | None:
+    """The model configuration the run will build (its vocabulary aside), or None after adding its problems."""
+    if not isinstance(settings.model, dict) or settings.preset not in PRESETS or settings.arch not in ARCHITECTURES:
+        return None  # already reported
+    valid = {f.name for f in fields(AdaptiveDSConfig)}
+    unknown = sorted(set(settings.model) - valid)
+    if unknown:
+        problems.append(f"unknown model field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+        return None
+    wrong = _type_problems(AdaptiveDSConfig, settings.model, "model.")
+    if wrong:
+        problems += wrong.values()
+        return None
+    try:
+        # the tokenizer's vocabulary is not known yet; a placeholder suffices to check the architecture
+        return model_config(settings.preset, settings.arch, 256, **settings.model)
+    except ValueError as e:
+        problems.append(f"model: {e}")
+        return None
+
+
 def check_precision(ds_config: dict, capability: tuple[int, int] | None) -> None:
     """bf16 needs compute capability 8.0 (A100 and newer). Older GPUs (T4 is 7.5) emulate it slowly while
     torch.cuda.is_bf16_supported() still says True, so the capability is checked instead."""
-    if capability is not None and capability < (8, 0) and ds_config.get("bf16", {}).get("enabled"):
+    if capability is not None and capability < (8, 0) and ds_config_reader.precision(ds_config) == "bf16":
         raise ConfigError(f"bf16 needs a GPU of compute capability 8.0 or newer; this one is "
                           f"{capability[0]}.{capability[1]}; use an fp16 config such as ds_configs/b1_t4.json")
-
-
-def _batch_problems(ds_config: dict, world_size: int) -> list[str]:
-    micro = ds_config.get("train_micro_batch_size_per_gpu")
-    accum = ds_config.get("gradient_accumulation_steps", 1)
-    total = ds_config.get("train_batch_size")
-    if micro is None:
-        return ["the ds_config must set train_micro_batch_size_per_gpu"]
-    bad = [f"{k}={v!r}" for k, v in (("train_micro_batch_size_per_gpu", micro),
-                                      ("gradient_accumulation_steps", accum)) if not isinstance(v, int) or v < 1]
-    if bad:
-        return [f"batch sizes must be positive integers: {', '.join(bad)}"]
-    if total is not None and total != micro * accum * world_size:
-        return [f"train_batch_size {total} != train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps "
-                f"{accum} x world size {world_size} = {micro * accum * world_size}; fix one or drop train_batch_size"]
-    return []
 
 
 def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
@@ -196,16 +284,41 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     if args.ds_config is None:
         raise ConfigError("no --ds_config given (and no deepspeed_config_file from accelerate); pass one of "
                           "ds_configs/*.json")
-    raw = _load_json(args.ds_config)
-    ds_config = copy.deepcopy(raw)
+    ds_config = copy.deepcopy(ds_config_reader.load(args.ds_config))
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
-    for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
-                 "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to", "push_to_hub",
-                 "push_every_save", "micro_batch", "gpu_memory_gib", "compile", "warmup_steps"):
-        value = getattr(args, name)
-        if value is not None:
-            setattr(settings, name, value)
+    for f in fields(RunSettings):
+        value = getattr(args, f.name)
+        if value is None:
+            continue
+        current = getattr(settings, f.name)
+        # an object flag overrides the block's keys it names and keeps the others
+        setattr(settings, f.name, {**current, **value} if isinstance(current, dict) else value)
     if args.ep_size is not None:
         settings.model = {**settings.model, "moe_ep_size": args.ep_size}
     validate(settings, ds_config, world_size)
     return settings, ds_config
+
+
+def _default_json(f: Field) -> str:
+    return json.dumps(f.default_factory() if f.default is MISSING else f.default)
+
+
+def settings_markdown() -> str:
+    """The README's table of run settings: block key and flag, type, default, meaning."""
+    hints = _types(RunSettings)
+    lines = ["| block key / flag | type | default | meaning |", "|---|---|---|---|"]
+    for f in fields(RunSettings):
+        meta = f.metadata
+        choices = f" One of {', '.join(f'`{c}`' for c in meta['choices'])}." if meta["choices"] else ""
+        bound = (f" At least {meta['at_least']}." if meta["at_least"] is not None else
+                 f" Above {meta['above']}." if meta["above"] is not None else "")
+        lines.append(f"| `{f.name}` / `--{f.name}` | {_type_name(hints[f.name], article=False)} | "
+                     f"`{_default_json(f)}` | {meta['help'].replace('|', '/')}.{choices}{bound} |")
+    return "\n".join(lines)
+
+
+def write_settings_table(path: str) -> None:
+    """Regenerate the README's settings table between its ``<!-- settings -->`` markers."""
+    from ..report import replace_section
+
+    replace_section(path, "settings", settings_markdown(), "Run settings")
