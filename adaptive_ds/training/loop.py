@@ -23,6 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed
 from ..data import build_training_data
+from ..ds_config import read as read_ds_config
 from ..hub import HubPusher, model_card
 from ..models import AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts
@@ -99,7 +100,7 @@ class Trainer:
         if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0):
             torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
         seq_len = PRESETS[settings.preset].seq_len
-        rows_per_rank = ds_config["train_micro_batch_size_per_gpu"] * ds_config.get("gradient_accumulation_steps", 1)
+        rows_per_rank = read_ds_config(ds_config).rows_per_rank_step
         self.rows_per_step = rows_per_rank * self.world  # the global batch, constant whatever the split
         self.tokens_per_step = self.rows_per_step * seq_len
         with clock.phase("data"):

@@ -164,7 +164,6 @@ class PhaseClock:
         return {**self.seconds, "other": total - sum(self.seconds.values()), "total": total}
 
 
-REPORTERS = ("none", "tensorboard", "wandb")
 METRICS = "metrics.jsonl"
 ABANDONED_METRICS = "abandoned_metrics.jsonl"
 
