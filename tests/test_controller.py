@@ -43,6 +43,15 @@ def test_out_of_memory_halves_by_divisors_then_checkpoints_activations_then_stop
     assert verdict.action is Action.STOP and verdict.failed and "offload" in verdict.reason
 
 
+def test_out_of_memory_in_the_optimizer_step_rolls_back_instead_of_retrying():
+    # the update may have reached part of the weights: retrying the step in place would apply it twice
+    c = _controller(knobs=Knobs(micro_batch=8, accumulation=1))
+    verdict = c.on_oom(5, RuntimeError("oom"), phase="optimizer step")
+    assert verdict.action is Action.ROLL_BACK and (c.knobs.micro_batch, c.knobs.accumulation) == (4, 2)
+    assert c.decisions[-1]["trigger"]["phase"] == "optimizer step"
+    assert c.on_oom(6, RuntimeError("oom"), phase="backward").action is Action.RETRY_STEP
+
+
 def test_out_of_memory_with_the_rule_off_stops_with_the_error():
     verdict = _controller(oom=False).on_oom(1, RuntimeError("CUDA out of memory"))
     assert verdict.action is Action.STOP and "CUDA out of memory" in verdict.reason

@@ -185,23 +185,29 @@ class Controller:
         micro = max(d for d in range(1, min(self.knobs.micro_batch, rows_per_rank) + 1) if rows_per_rank % d == 0)
         self.knobs = replace(self.knobs, micro_batch=micro, accumulation=rows_per_rank // micro)
 
-    def on_oom(self, step: int, error: BaseException) -> Verdict:
+    def on_oom(self, step: int, error: BaseException, phase: str = "forward") -> Verdict:
         """Halve the micro-batch (raising accumulation to keep the global batch), or turn on activation
-        checkpointing, or stop."""
-        trigger = {"error": f"{type(error).__name__}: {str(error)[:200]}", "micro_batch": self.knobs.micro_batch}
+        checkpointing, or stop. `phase` is where it failed: "forward", "backward" or "optimizer step"; an
+        optimizer step may have updated part of the weights, so the step cannot be retried in place and the run
+        rolls back to its last checkpoint instead (with the new knobs)."""
+        trigger = {"error": f"{type(error).__name__}: {str(error)[:200]}", "phase": phase,
+                   "micro_batch": self.knobs.micro_batch}
         if not self.settings.oom:
             return Verdict(Action.STOP, f"{trigger['error']} (the controller's oom rule is off)", failed=True)
+        retry, then = Verdict(Action.RETRY_STEP), "retry the step"
+        if phase == "optimizer step":
+            retry, then = Verdict(Action.ROLL_BACK), "roll back to the last checkpoint (the update may be partial)"
         if self.knobs.micro_batch > 1:
             rows = self.knobs.micro_batch * self.knobs.accumulation
             # the largest divisor of the step's rows at most half the current micro-batch
             micro = max(d for d in range(1, self.knobs.micro_batch // 2 + 1) if rows % d == 0)
             self.knobs = replace(self.knobs, micro_batch=micro, accumulation=rows // micro)
-            self._decide(step, trigger, "halve micro-batch, double accumulation, retry the step")
-            return Verdict(Action.RETRY_STEP)
+            self._decide(step, trigger, f"halve micro-batch, double accumulation, {then}")
+            return retry
         if not self.knobs.activation_checkpointing:
             self.knobs = replace(self.knobs, activation_checkpointing=True)
-            self._decide(step, trigger, "enable activation checkpointing, retry the step")
-            return Verdict(Action.RETRY_STEP)
+            self._decide(step, trigger, f"enable activation checkpointing, {then}")
+            return retry
         self._decide(step, trigger, "stop")
         return Verdict(Action.STOP, "out of memory at micro-batch 1 with activation checkpointing; shorten the "
                        "sequence, raise the ZeRO stage, offload the optimizer (offload_optimizer) or pick a smaller "

@@ -42,8 +42,6 @@ logger = logging.getLogger(__name__)
 class TrainerHooks:
     """Points where tests inject real faults (tests/helpers/faults.py); the production run installs none."""
 
-    def on_start(self, trainer: Trainer) -> None: ...
-
     def before_step(self, trainer: Trainer, step: int) -> None: ...
 
     def before_micro_batch(self, trainer: Trainer, step: int, index: int, micro_batch: int) -> None: ...
@@ -141,6 +139,7 @@ class Trainer:
         self.window = RoutingWindow(self.config)
         self.pusher = HubPusher(settings.push_to_hub, hub_api) if settings.push_to_hub and is_writer else None
         self.data_steps = 0  # step batches read (a rollback skips data, so it can exceed the step)
+        self._phase = "forward"  # where the step is, for the controller when it runs out of memory
         self.start_step = 0
         if is_writer:
             write_identity(self.output_dir, self.identity)
@@ -195,8 +194,7 @@ class Trainer:
         """Back to the latest healthy checkpoint's weights and optimizer; the controller keeps its new knobs."""
         tag = checkpoint.latest_tag(self.output_dir)
         if tag is None:
-            raise TrainingStopped(f"the loss went bad at step {step} but there is no checkpoint to roll back to; "
-                                  "set save_steps")
+            raise TrainingStopped(f"step {step} needs a rollback but there is no checkpoint yet; set save_steps")
         saved = checkpoint.load(self.engine, self.output_dir, tag)
         self.controller.rolled_back()
         self.applied = None  # the load restored the scheduler's learning rates: apply the knobs again
@@ -206,7 +204,7 @@ class Trainer:
         return back
 
     # one step
-    def _train_step(self, step: int, rows: dict) -> StepResult:
+    def _train_step(self, step: int, rows: dict) -> StepResult | None:
         """One optimizer step over this rank's `rows`; on out-of-memory the controller re-splits and it is
         retried on the same rows.
 
@@ -215,6 +213,8 @@ class Trainer:
         targets / (world x accumulation), which the engine's 1/accumulation scaling and the gradient average over
         ranks turn into (summed loss of the step) / (targets of the step). So a step's result does not depend on
         how it is split into micro-batches and ranks.
+
+        Returns None when the step failed in its optimizer update and the controller asked for a rollback.
         """
         engine = self.engine
         micro_steps_before = engine.micro_steps
@@ -230,9 +230,10 @@ class Trainer:
                 if not is_out_of_memory(error):
                     raise
                 discard_partial_step(engine, micro_steps_before)
-                verdict = self.controller.on_oom(step, error)
-                if verdict.action is Action.STOP:
-                    raise TrainingStopped(verdict.reason) from error
+                verdict = self.controller.on_oom(step, error, self._phase)
+                _raise_if_failed(verdict)
+                if verdict.action is Action.ROLL_BACK:
+                    return None  # the caller rolls back
                 self.apply(step)
 
     def _micro_batches(self, step: int, rows: dict, targets: torch.Tensor) -> StepResult:
@@ -241,11 +242,14 @@ class Trainer:
         loss = torch.zeros((), device=engine.device)
         outputs = []
         for index, start in enumerate(range(0, rows["input_ids"].shape[0], knobs.micro_batch)):
+            self._phase = "forward"
             self.hooks.before_micro_batch(self, step, index, knobs.micro_batch)
             batch = {k: v[start:start + knobs.micro_batch].to(engine.device, non_blocking=True)
                      for k, v in rows.items()}
             out = engine(**batch, num_items_in_batch=divisor)
+            self._phase = "backward"
             engine.backward(out.loss)
+            self._phase = "optimizer step" if engine.is_gradient_accumulation_boundary() else "backward"
             engine.step()
             loss += out.lm_loss.detach()
             outputs.append(out)
@@ -265,7 +269,6 @@ class Trainer:
                 self._resume()
             else:  # a start, or a start over after an attempt that saved nothing: no earlier record stands
                 self.metrics.rewind(0, "the run started over before its first checkpoint")
-        self.hooks.on_start(self)
         counts = parameter_counts(self.config)
         knobs = self.controller.knobs
         logger.info("%s %s: %s parameters (%s active), %d process(es), micro-batch %d x accumulation %d, seq %d",
@@ -347,9 +350,10 @@ class Trainer:
                     rows = next(batches)
                 with clock.phase("train"):
                     result = self._train_step(step, rows)
-                    loss = result.loss.item()  # the one host read of a step: the spike rule needs it
+                    loss = result.loss.item() if result else math.nan  # the step's one host read (spike rule)
                 self.data_steps += 1
-                verdict = controller.observe_step(StepReport(step, loss, result.overflow))
+                verdict = controller.observe_step(StepReport(step, loss, result.overflow)) if result else Verdict(
+                    Action.ROLL_BACK)
                 if verdict.action is Action.ROLL_BACK:
                     with clock.phase("checkpoint"):
                         step = self._roll_back(step)  # the data already read is skipped, not replayed

@@ -33,13 +33,12 @@ class Faults(TrainerHooks):
         self.fired: list[tuple[str, int]] = []
         self._grad_hook = None
 
-    def on_start(self, trainer) -> None:
-        if self.memory_limit_mb is not None:
-            # what the process holds now plus the headroom: larger allocations really fail (ENOMEM)
+    def before_step(self, trainer, step: int) -> None:
+        if self.memory_limit_mb is not None and step == 2:
+            # From step 2 (step 1 made DeepSpeed's lazily allocated buffers): what the process holds now plus the
+            # headroom. Larger allocations really fail (ENOMEM from the operating system).
             limit = psutil.Process().memory_info().vms + int(self.memory_limit_mb * 2**20)
             resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
-
-    def before_step(self, trainer, step: int) -> None:
         if step == self.kill_before_step:
             os.kill(os.getpid(), signal.SIGKILL)
         model = trainer.engine.module
