@@ -25,13 +25,8 @@ def _with_faults(faults: dict, config: str, out) -> list[str]:
     return [sys.executable, FAULTS_SCRIPT, json.dumps(faults), "--ds_config", config, "--output_dir", str(out)]
 
 
-# glibc returns freed blocks to the system (a fixed mmap threshold, one arena) and one thread computes, so the
-# address space a step needs is its own activations and not what earlier steps left mapped.
-LOW_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"}
-
-
 def _small_buckets(path: str) -> str:
-    """ZeRO's gradient buckets at 1M elements: its default (5e8) reserves 2 GB of address space every step."""
+    """ZeRO's gradient buckets at 1M elements: with its default (5e8) each step allocates a 2 GB bucket."""
     config = json.loads(open(path).read())
     config["zero_optimization"].update(reduce_bucket_size=10**6, allgather_bucket_size=10**6)
     with open(path, "w") as f:
@@ -41,22 +36,21 @@ def _small_buckets(path: str) -> str:
 
 @pytest.mark.slow
 def test_a_real_allocation_failure_is_recovered_in_place_with_the_same_result(tmp_path):
-    # The address space is capped a little above what the process holds after its first step: a step of
-    # 16 rows in one micro-batch really fails to allocate (the CPU allocator's ENOMEM), the controller halves
+    # From step 2 the tensors of the process may hold at most 60 MB at once (tests/helpers/capped_allocator.py):
+    # a step of 16 rows in one micro-batch really fails to allocate in torch's allocator, the controller halves
     # the micro-batch until it fits, and the run's losses equal those of a run that split the step from the
     # start (the step's loss is normalised over the whole step, so the split does not matter).
     block = dict(max_steps=4, log_steps=1, warmup_steps=1, save_steps=0)
     reference = tmp_path / "reference"
-    done = run_command([sys.executable, "launchers/train.py", "--ds_config", _small_buckets(
-                        write_ds_config(tmp_path, 2, 8, **block)), "--output_dir", str(reference)],
-                       **LOW_MEMORY_ENV)
+    done = run_command([sys.executable, "launchers/train.py", "--ds_config",
+                        _small_buckets(write_ds_config(tmp_path, 2, 8, **block)), "--output_dir", str(reference)])
     assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "run"
     config = _small_buckets(write_ds_config(tmp_path, 16, 1, **block))
-    done = run_command(_with_faults({"memory_limit_mb": 60}, config, out), **LOW_MEMORY_ENV)
+    done = run_command(_with_faults({"memory_cap_mb": 60}, config, out))
     assert done.returncode == 0, done.stderr[-3000:]
     decisions = _jsonl(out / "decisions.jsonl")
-    assert decisions and all("can't allocate memory" in d["trigger"]["error"] for d in decisions)
+    assert decisions and all("CappedAllocator: can't allocate memory" in d["trigger"]["error"] for d in decisions)
     assert all(d["trigger"]["phase"] in ("forward", "backward") for d in decisions)  # retried in place
     assert decisions[0]["step"] == 2 and decisions[0]["trigger"]["micro_batch"] == 16
     final_micro = decisions[-1]["knobs"]["micro_batch"]

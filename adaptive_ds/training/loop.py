@@ -241,7 +241,11 @@ class Trainer:
         divisor = targets / (self.world * knobs.accumulation)
         loss = torch.zeros((), device=engine.device)
         outputs = []
-        for index, start in enumerate(range(0, rows["input_ids"].shape[0], knobs.micro_batch)):
+        starts = range(0, rows["input_ids"].shape[0], knobs.micro_batch)
+        for index, start in enumerate(starts):
+            # The loop owns the accumulation boundary: DeepSpeed's own count (micro-steps modulo accumulation)
+            # is misaligned once the controller changes the accumulation mid-run or a failed attempt is discarded.
+            engine.set_gradient_accumulation_boundary(index == len(starts) - 1)
             self._phase = "forward"
             self.hooks.before_micro_batch(self, step, index, knobs.micro_batch)
             batch = {k: v[start:start + knobs.micro_batch].to(engine.device, non_blocking=True)

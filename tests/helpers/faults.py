@@ -2,19 +2,18 @@
 
 Each fault changes what the model really computes or what the process really has: a NaN written into a weight,
 a NaN gradient from a tensor hook in the middle of gradient accumulation, a weight scaled so the loss really
-spikes, an out-of-memory error raised where a micro-batch would be allocated, an address-space limit under which
-large allocations really fail, or the process killed with SIGKILL before a step. Each fault fires once: the
-run that a rollback takes back over the same step does not meet it again.
+spikes, an out-of-memory error raised where a micro-batch would be allocated, a cap on torch's CPU allocator
+under which large allocations really fail (capped_allocator.py), or the process killed with SIGKILL before a
+step. Each fault fires once: the run that a rollback takes back over the same step does not meet it again.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import signal
 
-import psutil
 import torch
+from helpers import capped_allocator
 
 from adaptive_ds.training.loop import TrainerHooks
 
@@ -23,22 +22,21 @@ class Faults(TrainerHooks):
     def __init__(self, nan_weight_at_step: int | None = None, nan_grad_at: tuple[int, int] | None = None,
                  spike_at_step: int | None = None, spike_factor: float = 30.0,
                  oom_micro_batch_above: int | None = None, oom_from_step: int = 1, oom_at_micro_index: int = 0,
-                 memory_limit_mb: float | None = None, kill_before_step: int | None = None):
+                 memory_cap_mb: float | None = None, kill_before_step: int | None = None):
         self.nan_weight_at_step = nan_weight_at_step
         self.nan_grad_at = tuple(nan_grad_at) if nan_grad_at else None  # (step, micro-batch index)
         self.spike_at_step, self.spike_factor = spike_at_step, spike_factor
         self.oom_micro_batch_above, self.oom_from_step = oom_micro_batch_above, oom_from_step
         self.oom_at_micro_index = oom_at_micro_index
-        self.memory_limit_mb, self.kill_before_step = memory_limit_mb, kill_before_step
+        self.memory_cap_mb, self.kill_before_step = memory_cap_mb, kill_before_step
         self.fired: list[tuple[str, int]] = []
         self._grad_hook = None
 
     def before_step(self, trainer, step: int) -> None:
-        if self.memory_limit_mb is not None and step == 2:
-            # From step 2 (step 1 made DeepSpeed's lazily allocated buffers): what the process holds now plus the
-            # headroom. Larger allocations really fail (ENOMEM from the operating system).
-            limit = psutil.Process().memory_info().vms + int(self.memory_limit_mb * 2**20)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+        if self.memory_cap_mb is not None and step == 2:
+            # from step 2 (step 1 made DeepSpeed's lazily allocated buffers): the tensors of a step may hold at
+            # most this much at once; a larger allocation really fails in torch's allocator
+            capped_allocator.install(int(self.memory_cap_mb * 2**20))
         if step == self.kill_before_step:
             os.kill(os.getpid(), signal.SIGKILL)
         model = trainer.engine.module

@@ -2,11 +2,14 @@
 installed (tests/helpers/faults.py), for tests that need a separate process (a kill, a memory limit)."""
 
 import json
+import os
 import sys
 
-from faults import Faults
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, as under pytest
 
-from adaptive_ds.training.__main__ import main
+from helpers.faults import Faults  # noqa: E402
+
+from adaptive_ds.training.__main__ import main  # noqa: E402
 
 if __name__ == "__main__":
     main(sys.argv[2:], hooks=Faults(**json.loads(sys.argv[1])))
