@@ -67,6 +67,13 @@ def _resolve_steps(settings: RunSettings, config, tokens_per_step: int) -> RunSe
     return replace(settings, max_steps=max(1, -(-budget // tokens_per_step)))
 
 
+def _warn_about_warmup(settings: RunSettings) -> None:
+    if settings.warmup_steps >= settings.max_steps:
+        logger.warning("warmup_steps %d >= max_steps %d: the learning rate never reaches its peak; pass "
+                       "--warmup_steps (e.g. %d, 5%% of the steps)", settings.warmup_steps, settings.max_steps,
+                       max(1, settings.max_steps // 20))
+
+
 def _cap_gpu_memory(gib: float) -> None:
     """Make the CUDA allocator fail beyond `gib` (its out-of-memory is then the controller's to handle)."""
     if not torch.cuda.is_available():
@@ -79,12 +86,30 @@ def _cap_gpu_memory(gib: float) -> None:
     logger.info("CUDA memory capped at %.1f GiB of %.1f GiB", gib, total / 2**30)
 
 
+def _prepare_device(settings: RunSettings, ds_config: dict) -> None:
+    check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
+    if settings.gpu_memory_gib:
+        _cap_gpu_memory(settings.gpu_memory_gib)
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0):
+        torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
+
+
+def _load_data(settings: RunSettings, seq_len: int, world: int):
+    epoch_blocks = None  # with a numeric budget over several epochs: each epoch repeats this many blocks per rank
+    if settings.tokens not in (None, "chinchilla") and settings.epochs > 1:
+        epoch_blocks = -(-int(settings.tokens) // (settings.epochs * world * seq_len))
+    return build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
+                               text_field=settings.text_field, hub_config=settings.data_config,
+                               validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
+
+
 def _command() -> str:
     return shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
 
 
 class Trainer:
-    """One training run. `build` does everything that can fail on bad input or a bad checkpoint; `run` trains."""
+    """One training run. Construction does everything that can fail on bad input or a bad checkpoint (settings,
+    process group, data, model, output directory, engine, controller); `run` trains."""
 
     def __init__(self, argv: list[str] | None, clock: PhaseClock, hub_api=None, hooks: TrainerHooks | None = None):
         self.clock, self.hooks = clock, hooks or TrainerHooks()
@@ -92,47 +117,38 @@ class Trainer:
         settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
         distributed.init_distributed()
         self.rank, self.world = distributed.rank(), distributed.world_size()
-        check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
-        if settings.gpu_memory_gib:
-            _cap_gpu_memory(settings.gpu_memory_gib)
-        if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0):
-            torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
+        _prepare_device(settings, ds_config)
         seq_len = PRESETS[settings.preset].seq_len
         rows_per_rank = read_ds_config(ds_config).rows_per_rank_step
         self.rows_per_step = rows_per_rank * self.world  # the global batch, constant whatever the split
         self.tokens_per_step = self.rows_per_step * seq_len
         with clock.phase("data"):
-            epoch_blocks = None
-            if settings.tokens not in (None, "chinchilla") and settings.epochs > 1:
-                epoch_blocks = -(-int(settings.tokens) // (settings.epochs * self.world * seq_len))
-            self.data = build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
-                                            text_field=settings.text_field, hub_config=settings.data_config,
-                                            validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
+            self.data = _load_data(settings, seq_len, self.world)
         tok = self.data.tokenizer
         self.config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                                    pad_token_id=tok.pad_token_id, **settings.model)
         self.settings = settings = _resolve_steps(settings, self.config, self.tokens_per_step)
-        if settings.warmup_steps >= settings.max_steps:
-            logger.warning("warmup_steps %d >= max_steps %d: the learning rate never reaches its peak; pass "
-                           "--warmup_steps (e.g. %d, 5%% of the steps)", settings.warmup_steps, settings.max_steps,
-                           max(1, settings.max_steps // 20))
+        _warn_about_warmup(settings)
         self.identity = checkpoint.run_identity(settings, self.world, rows_per_rank, self.config)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
         if self.resume_tag:
             self._prepare_cross_world_resume(ds_config)
-
         torch.manual_seed(settings.seed)
         self.engine = build_engine(AdaptiveDSForCausalLM(self.config), ds_config, settings.warmup_steps,
                                    settings.max_steps, settings.min_lr_ratio, settings.compile)
         self.base_lrs = list(self.engine.lr_scheduler.base_lrs)  # the schedule's peaks, before any knob
-        is_writer = self.rank == 0
+        self._build_components(hub_api)
+
+    def _build_components(self, hub_api) -> None:
+        """The pieces that watch and record the run, each owning its cadence and state."""
+        settings, is_writer = self.settings, self.rank == 0
         self.controller = Controller(controller_settings(settings.controller),
                                      configured_knobs(self.engine, settings.activation_checkpointing),
                                      os.path.join(self.output_dir, "decisions.jsonl") if is_writer else None,
                                      settings.mod_capacity_warmup_steps)
         if settings.micro_batch == "auto" and not self.resume_tag:
             self.controller.start_micro_batch_search()
-        self.applied = None
+        self.applied = None  # the knobs the engine follows now
         self.checkpointer = checkpoint.Checkpointer(self.output_dir, settings.save_steps, settings.keep_last)
         self.metrics = MetricsWriter(self.output_dir if is_writer else None, settings.report_to,
                                      os.path.basename(self.output_dir), self.identity, settings.log_steps)
