@@ -117,9 +117,9 @@ class Trainer:
                            max(1, settings.max_steps // 20))
         self.identity = checkpoint.run_identity(settings, self.world, rows_per_rank, self.config)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
-        if self.resume_tag and checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"][
-                "world_size"] != self.world:
-            # A different number of processes: ZeRO must re-partition, from DeepSpeed's universal checkpoint.
+        if self.resume_tag and checkpoint.changes_layout(
+                checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"], self.identity):
+            # Another number of processes or ep_size: ZeRO re-partitions, from DeepSpeed's universal checkpoint.
             ds_config.setdefault("checkpoint", {})["load_universal"] = True
 
         torch.manual_seed(settings.seed)
@@ -163,6 +163,10 @@ class Trainer:
         saved = checkpoint.resume(self.engine, self.output_dir, self.resume_tag, self.identity)
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
         self.controller.load_state_dict(saved["controller"])
+        if saved["identity"]["world_size"] != self.world:  # the saved split was for the old number of ranks
+            defaults = self.controller.defaults  # this ds_config's split of the same global batch
+            self.controller.knobs = replace(self.controller.knobs, micro_batch=defaults.micro_batch,
+                                            accumulation=defaults.accumulation)
         self.metrics.rewind(self.start_step, f"resumed from the checkpoint at step {self.start_step}")
         logger.info("resumed from %s at step %d", self.resume_tag, self.start_step)
 
