@@ -189,8 +189,8 @@ def universal_tag(output_dir: str, tag: str, ep_size: int = 1) -> str:
             logger.info("converted %s to DeepSpeed's universal checkpoint %s", tag, converted)
         except (AssertionError, RuntimeError, OSError, KeyError, ValueError) as e:
             shutil.rmtree(partial, ignore_errors=True)
-            error = (f"checkpoint {tag!r} cannot be converted to DeepSpeed's universal format for a different "
-                     f"number of processes ({type(e).__name__}: {e})")
+            error = (f"checkpoint {tag!r} cannot be converted to DeepSpeed's universal format for another number "
+                     f"of processes or ep_size ({type(e).__name__}: {e})")
     error = distributed.broadcast_object(error)  # every rank fails together, none waits for rank 0
     if error:
         raise CheckpointError(error)

@@ -42,6 +42,7 @@ from deepspeed.checkpoint.constants import (
     PARAM_SLICE_MAPPINGS,
     PARTITION_COUNT,
     SINGLE_PARTITION_OF_FP32_GROUPS,
+    ZERO_STAGE,
 )
 
 logger = logging.getLogger(__name__)
@@ -94,9 +95,10 @@ class ZeroShards:
         self.world = len(files)
         self.states = [torch.load(files[rank], map_location="cpu", mmap=True, weights_only=False)[OPTIMIZER_STATE_DICT]
                        for rank in range(self.world)]
-        if not isinstance(self.states[0].get(BASE_OPTIMIZER_STATE), dict) or SINGLE_PARTITION_OF_FP32_GROUPS not in \
-                self.states[0]:
-            raise ValueError(f"{checkpoint_dir!r} is not a ZeRO stage 1 or 2 checkpoint (no flat fp32 partitions)")
+        stage = self.states[0].get(ZERO_STAGE)
+        if stage not in (1, 2):  # the ZeRO-1/2 optimizer's layout: flat fp32 partitions and their slice mappings
+            raise ValueError(f"{checkpoint_dir!r} was written with ZeRO stage {stage}: an MoE checkpoint resumes on "
+                             "another layout only from ZeRO stage 1 or 2")
         self.param_groups = self.states[0][BASE_OPTIMIZER_STATE][PARAM_GROUPS]
         self.num_groups = len(self.param_groups)
         expert_counts = {self.states[0][PARTITION_COUNT][g] for g in range(self.num_groups) if self.is_expert_group(g)}
