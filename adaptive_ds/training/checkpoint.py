@@ -28,6 +28,7 @@ from deepspeed.checkpoint.constants import (
 )
 
 from .. import distributed
+from . import universal
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +96,8 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, to
     tag = f"step{step:08d}"
     client_state = {"run": run_state}
     if not engine.has_moe_layers:
-        # lets deepspeed.checkpoint.ds_to_universal convert it, to resume on another number of processes
-        # (DeepSpeed reserves this key in its MoE checkpoint path, which the universal converter does not handle)
+        # lets deepspeed.checkpoint.ds_to_universal convert it, to resume on another number of processes (DeepSpeed
+        # reserves this key in its MoE checkpoint path; MoE checkpoints are converted by universal.py instead)
         client_state[UNIVERSAL_CHECKPOINT_INFO] = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
     engine.save_checkpoint(root, tag=tag, client_state=client_state, save_latest=False)
     rank = distributed.rank()
@@ -132,43 +133,67 @@ def read_run_state(output_dir: str, tag: str) -> dict:
                               "remove it or point 'latest' at an earlier checkpoint") from None
 
 
-def check_compatible(saved: dict, current: dict, where: str) -> None:
-    """The checkpoint must come from the same model and batch layout as this run."""
+# What may differ between a checkpoint and the run that resumes it (its files are then converted, see `resume`)
+LAYOUT_KEYS = ("world_size", "model.moe_ep_size")
+
+
+def check_compatible(saved: dict, current: dict, where: str, allowed: tuple[str, ...] = ()) -> None:
+    """The checkpoint must come from the same model and batch layout as this run, except for the `allowed`
+    keys (`key` or `key.subkey`)."""
     differences = []
     for key, value in current.items():
         old = saved.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
             differences += [f"{key}.{k} {old.get(k)!r} (this run: {v!r})" for k, v in value.items()
-                            if old.get(k) != v and k != "transformers_version"]
-        elif old != value:
+                            if old.get(k) != v and k != "transformers_version" and f"{key}.{k}" not in allowed]
+        elif old != value and key not in allowed:
             differences.append(f"{key} {old!r} (this run: {value!r})")
     if differences:
         raise CheckpointError(f"checkpoint {where!r} does not match this run: {'; '.join(differences)}; "
                               "use a new --output_dir or the original settings")
 
 
-def universal_tag(output_dir: str, tag: str) -> str:
+def changes_layout(saved: dict, current: dict) -> bool:
+    """Whether identity `current` runs on another number of processes or expert-parallel size than `saved`, so
+    the checkpoint loads through the universal format (`"checkpoint": {"load_universal": true}`)."""
+    return (saved["world_size"] != current["world_size"]
+            or saved["model"].get("moe_ep_size", 1) != current["model"].get("moe_ep_size", 1))
+
+
+def universal_tag(output_dir: str, tag: str, ep_size: int = 1) -> str:
     """Convert checkpoint `tag` to DeepSpeed's universal format (once; rank 0) and return the converted tag.
 
     A universal checkpoint stores each parameter's fp32 weights and optimizer moments whole, so ZeRO can
-    re-partition them over a different number of ranks (`"checkpoint": {"load_universal": true}`).
+    re-partition them over a different number of ranks (`"checkpoint": {"load_universal": true}`). An MoE
+    checkpoint is converted by `universal.convert_moe_checkpoint`, its experts laid out for `ep_size`.
     """
     from deepspeed.checkpoint import ds_to_universal
 
     root = checkpoint_root(output_dir)
-    converted = f"{tag}-universal"
+    experts = universal.has_experts(os.path.join(root, tag))
+    converted = f"{tag}-universal-ep{ep_size}" if experts else f"{tag}-universal"
+    error = None
     if distributed.rank() == 0 and not os.path.isdir(os.path.join(root, converted)):
-        args = argparse.Namespace(input_folder=os.path.join(root, tag), output_folder=os.path.join(root, converted),
+        # written under another name and renamed when complete: an interrupted conversion is never loaded
+        partial = os.path.join(root, f"{converted}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        args = argparse.Namespace(input_folder=os.path.join(root, tag), output_folder=partial,
                                   num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
                                   strict=True, inject_missing_state=False)
         try:
-            ds_to_universal.main(args)
-        except (AssertionError, RuntimeError, OSError, KeyError) as e:
-            shutil.rmtree(os.path.join(root, converted), ignore_errors=True)
-            raise CheckpointError(f"checkpoint {tag!r} cannot be converted to DeepSpeed's universal format for a "
-                                  f"different number of processes ({type(e).__name__}: {e})") from None
-        logger.info("converted %s to DeepSpeed's universal checkpoint %s", tag, converted)
-    dist.barrier()
+            if experts:
+                universal.convert_moe_checkpoint(args.input_folder, partial, ep_size)
+            else:
+                ds_to_universal.main(args)
+            os.replace(partial, os.path.join(root, converted))
+            logger.info("converted %s to DeepSpeed's universal checkpoint %s", tag, converted)
+        except (AssertionError, RuntimeError, OSError, KeyError, ValueError) as e:
+            shutil.rmtree(partial, ignore_errors=True)
+            error = (f"checkpoint {tag!r} cannot be converted to DeepSpeed's universal format for another number "
+                     f"of processes or ep_size ({type(e).__name__}: {e})")
+    error = distributed.broadcast_object(error)  # every rank fails together, none waits for rank 0
+    if error:
+        raise CheckpointError(error)
     return converted
 
 
@@ -208,26 +233,32 @@ def run_identity(settings, world_size: int, rows_per_rank_step: int, config) -> 
     return json.loads(json.dumps(identity))
 
 
-def resume(engine, output_dir: str, tag: str, identity: dict) -> dict:
-    """Load checkpoint `tag` into `engine` after checking it belongs to this run; returns its run state.
-
-    On a different number of processes the checkpoint is converted to DeepSpeed's universal format first; the
-    model, optimizer and schedule continue exactly.
-    """
+def check_resumable(output_dir: str, tag: str, identity: dict) -> dict:
+    """Checkpoint `tag`'s run state, after checking that it belongs to this run (before anything is written)."""
     saved = read_run_state(output_dir, tag)
     where = os.path.join(checkpoint_root(output_dir), tag)
     if "knobs" not in saved.get("controller", {}):
         raise CheckpointError(f"checkpoint {where!r} was written by an older adaptive_ds (no controller knobs); "
                               "resume it with that version or start a new --output_dir")
-    same_world = saved["identity"]["world_size"] == identity["world_size"]
-    expected = identity if same_world else {**identity, "world_size": saved["identity"]["world_size"]}
-    check_compatible(saved["identity"], expected, where)
-    if same_world:
+    check_compatible(saved["identity"], identity, where, allowed=LAYOUT_KEYS)
+    return saved
+
+
+def resume(engine, output_dir: str, tag: str, identity: dict) -> dict:
+    """Load checkpoint `tag` into `engine` (checked by `check_resumable`); returns its run state.
+
+    On a different number of processes or expert-parallel size the checkpoint is converted to DeepSpeed's
+    universal format first; the model, optimizer and schedule continue exactly.
+    """
+    saved = check_resumable(output_dir, tag, identity)
+    if not changes_layout(saved["identity"], identity):
         load(engine, output_dir, tag)
     else:
-        logger.warning("resuming a %d-process checkpoint on %d processes through DeepSpeed's universal format",
-                       saved["identity"]["world_size"], identity["world_size"])
-        load(engine, output_dir, universal_tag(output_dir, tag), rng_tag=tag)
+        ep_size = identity["model"].get("moe_ep_size", 1)
+        logger.warning("resuming a %d-process checkpoint (ep_size %d) on %d processes (ep_size %d) through "
+                       "DeepSpeed's universal format", saved["identity"]["world_size"],
+                       saved["identity"]["model"].get("moe_ep_size", 1), identity["world_size"], ep_size)
+        load(engine, output_dir, universal_tag(output_dir, tag, ep_size), rng_tag=tag)
     return saved
 
 

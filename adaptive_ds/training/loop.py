@@ -132,7 +132,8 @@ class Trainer:
         self.identity = checkpoint.run_identity(settings, self.world, rows_per_rank, self.config)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
         if self.resume_tag:
-            self._prepare_cross_world_resume(ds_config)
+            self._prepare_cross_layout_resume(ds_config)
+            checkpoint.check_resumable(self.output_dir, self.resume_tag, self.identity)  # before anything is written
         torch.manual_seed(settings.seed)
         self.engine = build_engine(AdaptiveDSForCausalLM(self.config), ds_config, settings.warmup_steps,
                                    settings.max_steps, settings.min_lr_ratio, settings.compile)
@@ -160,14 +161,16 @@ class Trainer:
         if is_writer:
             write_identity(self.output_dir, self.identity)
 
-    def _prepare_cross_world_resume(self, ds_config: dict) -> None:
-        """On another number of processes, ZeRO re-partitions from DeepSpeed's universal checkpoint, and the
-        global batch stays the checkpoint's: accumulation is re-derived from it (a warning says so), so the run
-        continues on the same samples at the same steps."""
+    def _prepare_cross_layout_resume(self, ds_config: dict) -> None:
+        """On another number of processes or another ep_size, ZeRO re-partitions from DeepSpeed's universal
+        checkpoint (MoE experts through `universal.py`), and the global batch stays the checkpoint's: accumulation
+        is re-derived from it (a warning says so), so the run continues on the same samples at the same steps."""
         saved = checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"]
-        if saved["world_size"] == self.world:
+        if not checkpoint.changes_layout(saved, self.identity):
             return
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
+        if saved["world_size"] == self.world:
+            return
         rows, micro = saved["rows_per_step"], ds_config["train_micro_batch_size_per_gpu"]
         if rows != self.rows_per_step:
             if rows % (micro * self.world):
@@ -201,7 +204,7 @@ class Trainer:
         saved = checkpoint.resume(self.engine, self.output_dir, self.resume_tag, self.identity)
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
         self.controller.load_state_dict(saved["controller"])
-        if saved["identity"]["world_size"] != self.world:
+        if saved["identity"]["world_size"] != self.world:  # the saved split was for the old number of ranks
             self.controller.resplit(self.rows_per_step // self.world)
         self.metrics.rewind(self.start_step, f"resumed from the checkpoint at step {self.start_step}")
         logger.info("resumed from %s at step %d", self.resume_tag, self.start_step)
