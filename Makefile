@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 # checkouts (or two virtualenvs) never rebuild over each other's cache.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: setup train test lint clean
+.PHONY: setup train test lint clean gpu-check
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,10 @@ train: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The GPU acceptance run (README, "GPU acceptance"); a dry run of every stage on a machine without CUDA.
+gpu-check: setup
+	$(BIN)/python -m adaptive_ds.acceptance
 
 lint: setup
 	$(BIN)/ruff check adaptive_ds launchers tests

@@ -10,7 +10,8 @@ dispatch on the same model and routing, the baseline); mod; hybrid; and what a u
 the same DeepSpeed engine: transformers' LlamaForCausalLM (hf_llama) and MixtralForCausalLM (hf_mixtral),
 built from the dense and MoE models' own weights, and HF Llama compiled (hf_llama_compile: `torch.compile`
 through DeepSpeed's `engine.compile()`, inductor), beside ours compiled the same way (dense_compile); the
-compiled cases' warm-up rounds absorb the compilation. MFU counts the FLOPs of the tokens
+compiled cases' warm-up rounds absorb the compilation, and each compiled case reports its graph breaks and the
+graphs compiled after warm-up (recompilations; 0 when the shapes settle). MFU counts the FLOPs of the tokens
 actually routed (`adaptive_ds.flops`) against the GPU's dense peak; on a CPU, where no peak is defined,
 achieved TFLOP/s is reported instead.
 """
@@ -74,8 +75,15 @@ def _ds_config(micro_batch: int, precision: str) -> dict:
     }
 
 
+def dynamo_counts() -> tuple[int, int]:
+    """(graph breaks, graphs compiled) so far in this process, from torch._dynamo's counters."""
+    counters = torch._dynamo.utils.counters
+    return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+
+
 class Case:
-    def __init__(self, name: str, preset: str, vocab_size: int, micro_batch: int, precision: str, seed: int):
+    def __init__(self, name: str, preset: str, vocab_size: int, micro_batch: int, precision: str, seed: int,
+                 compile_backend: str = "inductor"):
         torch.manual_seed(seed)
         self.name = name
         self.config = model_config(preset, vocab_size=vocab_size, moe_drop_tokens=False, **CASES[name].model)
@@ -87,14 +95,16 @@ class Case:
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1),
                                                config=_ds_config(micro_batch, precision))
         if name.endswith("_compile"):
-            self.engine.compile()
+            self.engine.compile(backend=compile_backend)
         self.rates: list[float] = []
+        self.compiles: list[tuple[int, int]] = []  # (graph breaks, graphs compiled) during each run: warm-up first
         self.routed: list[float] = []
 
     def run(self, batches, steps: int) -> None:
         tokens = 0
         sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
         sync()
+        before = dynamo_counts()
         start = time.perf_counter()
         for _ in range(steps):
             batch = {k: v.to(self.engine.device) for k, v in next(batches).items()}
@@ -106,24 +116,31 @@ class Case:
                 self.routed = [float(r.routed.float().mean()) for r in out.mod_routing]
         sync()
         self.rates.append(tokens / (time.perf_counter() - start))
+        after = dynamo_counts()
+        self.compiles.append((after[0] - before[0], after[1] - before[1]))
 
     def result(self, seq_len: int, peak_tflops: float | None) -> dict:
         tokens_per_s = statistics.median(self.rates)
         flops = training_flops_per_token(self.config, seq_len, self.routed or None)
         achieved = tokens_per_s * flops / 1e12
+        compiled = self.engine.is_compiled
         return {"tokens_per_s": tokens_per_s, "rounds": self.rates, "flops_per_token": flops,
-                "compiled": self.engine.is_compiled,
+                "compiled": compiled,
+                "graph_breaks": sum(b for b, _ in self.compiles) if compiled else None,
+                "recompiles_after_warmup": sum(g for _, g in self.compiles[1:]) if compiled else None,
                 "achieved_tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None}
 
 
 def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch: int, precision: str,
-                  cases: list[str], seed: int = 0) -> dict:
+                  cases: list[str], seed: int = 0, compile_backend: str = "inductor") -> dict:
+    """`compile_backend`: torch.compile's backend for the compiled cases ("eager" traces without code generation,
+    for a quick check of the graphs)."""
     distributed.init_distributed()
     seq_len = PRESETS[preset].seq_len
     data = build_training_data("embedded", seq_len, seed)
-    built = [Case(name, preset, len(data.tokenizer), micro_batch, precision, seed) for name in cases]
+    built = [Case(name, preset, len(data.tokenizer), micro_batch, precision, seed, compile_backend) for name in cases]
     batches = data.step_batches(0, micro_batch)
-    for case in built:  # warm-up: allocator, kernels, JIT
+    for case in built:  # warm-up: allocator, kernels, JIT, compilation
         case.run(batches, warmup)
         case.rates.clear()
     for _ in range(rounds):
@@ -186,10 +203,11 @@ def measure_peak_memory(preset: str, arch: str, micro_batch: int, checkpointing:
 def _table(report: dict) -> str:
     lines = [f"{report['preset']} on {report['device']}, {report['precision']}, micro-batch {report['micro_batch']} "
              f"x seq {report['seq_len']}, median of {report['rounds']} rounds x {report['steps_per_round']} steps",
-             f"{'case':<15}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}"]
+             f"{'case':<17}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}  graph breaks, recompiles after warm-up"]
     for name, r in report["results"].items():
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        lines.append(f"{name:<15}{r['tokens_per_s']:>12,.0f}{r['achieved_tflops']:>10.3f}{mfu:>8}")
+        graphs = f"  {r['graph_breaks']}, {r['recompiles_after_warmup']}" if r["compiled"] else ""
+        lines.append(f"{name:<17}{r['tokens_per_s']:>12,.0f}{r['achieved_tflops']:>10.3f}{mfu:>8}{graphs}")
     lines += [f"{name}: {value:.2f}x" for name, value in report["ratios"].items()]
     return "\n".join(lines)
 
@@ -211,6 +229,10 @@ def markdown(report: dict) -> str:
         lines.append(f"| {CASES[name].description} (`{name}`) | {r['tokens_per_s']:,.0f} | {speed} |")
     lines += ["", "| ratio | measured |", "|---|---|"]
     lines += [f"| {name.replace('/', ' / ')} | {value:.2f}x |" for name, value in report["ratios"].items()]
+    compiled = [f"`{name}` {r['graph_breaks']} graph breaks, {r['recompiles_after_warmup']} recompilations after "
+                "warm-up" for name, r in report["results"].items() if r.get("compiled")]
+    if compiled:
+        lines += ["", "Compiled cases (torch._dynamo's counters): " + "; ".join(compiled) + "."]
     return "\n".join(lines)
 
 

@@ -107,9 +107,13 @@ class MixtureOfDepths(nn.Module):
         # The predictor learns top-k membership from the block input, detached: it never touches the LM.
         logits = self.predictor(hidden_states.detach()).squeeze(-1).float()
         valid = torch.ones_like(in_topk) if key_padding_mask is None else key_padding_mask[:, -seq_len:]
-        loss = F.binary_cross_entropy_with_logits(logits[valid], in_topk[valid].float())
-        correct = ((logits > 0) == in_topk)[valid].sum()
-        routing = MoDRouting(selected, in_topk, loss, correct, valid.sum())  # tensors: no host sync
+        # Mean over the valid tokens as a masked sum, not by boolean indexing: indexing has a data-dependent
+        # shape, which would break a torch.compile graph at every MoD block.
+        per_token = F.binary_cross_entropy_with_logits(logits, in_topk.float(), reduction="none")
+        count = valid.sum()
+        loss = (per_token * valid).sum() / count.clamp_min(1)
+        correct = (((logits > 0) == in_topk) & valid).sum()
+        routing = MoDRouting(selected, in_topk, loss, correct, count)  # tensors: no host sync
         return out._replace(hidden_states=hidden_states.scatter_add(1, gather_hidden, update), mod=routing)
 
     def _causal(self, hidden_states, scores, position_embeddings, key_padding_mask, cache):

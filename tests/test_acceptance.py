@@ -1,0 +1,33 @@
+"""`python -m adaptive_ds.acceptance` without CUDA: a dry run of every stage at tiny sizes on CPU, so the GPU
+acceptance command cannot rot unseen between GPU sessions."""
+
+import json
+import sys
+
+import pytest
+from conftest import run_command
+
+from adaptive_ds.acceptance import DRY_RUN_CASES, STAGES
+
+
+@pytest.mark.slow
+def test_the_acceptance_command_dry_runs_every_stage_on_cpu(tmp_path):
+    out, md = tmp_path / "acceptance.json", tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n")
+    done = run_command([sys.executable, "-m", "adaptive_ds.acceptance", "--dry_run", "--out", str(out),
+                        "--benchmarks_md", str(md)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "dry run of every stage" in done.stderr
+    report = json.loads(out.read_text())
+    assert report["dry_run"] and list(report["stages"]) == list(STAGES)
+    stages = report["stages"]
+    assert all(stage["ok"] for stage in stages.values())
+    assert "6 tests collected" in stages["gpu_tests"]["summary"]
+    assert stages["b1_t4"]["steps"] == 3 and stages["b1_t4"]["peak_rss_gib"] > 0
+    assert stages["b1_t4"]["ds_config"]["zero_optimization"]["stage"] == 2  # b1_t4.json's, less the offload
+    assert list(stages["benchmark"]["results"]) == DRY_RUN_CASES
+    assert stages["benchmark"]["results"]["dense_compile"]["graph_breaks"] == 0
+    assert len(stages["b7"]["losses"]) == 2 and stages["b7"]["predicted_peak_gib"] > 0
+    text = md.read_text()
+    assert "<!-- acceptance:dry -->" in text and "dry run on CPU" in text and report["commit"] in text
+    assert "<!-- throughput:debug:cpu -->" in text
