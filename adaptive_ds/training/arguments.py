@@ -46,6 +46,7 @@ class RunSettings:
     eval_steps: int = 0  # validation loss every N steps (0: only at the end)
     save_steps: int = 0  # DeepSpeed checkpoint every N steps (0: only at the end)
     keep_last: int = 2  # checkpoints kept
+    collective_timeout_s: int = 600  # a collective waiting this long on a hung process stops the run (one line)
     resume: str = "auto"  # "auto": continue from OUTPUT_DIR's latest checkpoint if there is one; "never"
     report_to: str = "none"  # also mirror metrics to "tensorboard" or "wandb" (metrics.jsonl is always written)
     push_to_hub: str | None = None  # Hub repo id: the final model is pushed with a model card
@@ -135,7 +136,7 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
         problems.append(f"report_to {settings.report_to!r} is not one of none, tensorboard, wandb")
     if settings.epochs < 1:
         problems.append(f"epochs must be >= 1, got {settings.epochs}")
-    for name in ("max_steps", "log_steps", "eval_batches", "keep_last"):
+    for name in ("max_steps", "log_steps", "eval_batches", "keep_last", "collective_timeout_s"):
         if getattr(settings, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(settings, name)}")
     for name in ("warmup_steps", "eval_steps", "save_steps", "mod_capacity_warmup_steps"):

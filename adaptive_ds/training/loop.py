@@ -75,6 +75,8 @@ def _prepare_output_dir(settings: RunSettings) -> tuple[str, str | None]:
     dist.barrier()  # every rank has checked before rank 0 creates it
     if distributed.rank() == 0:
         os.makedirs(path, exist_ok=True)
+    if tag is not None:
+        tag = checkpoint.resume_candidate(path)  # verified; a corrupt newest one is set aside for the previous
     return path, tag
 
 
@@ -137,7 +139,7 @@ def _cap_gpu_memory(gib: float) -> None:
 def _build(argv: list[str] | None, clock: PhaseClock) -> tuple[Run, str | None]:
     # Validate before joining the process group: bad input should cost nothing and touch nothing.
     settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
-    distributed.init_distributed()
+    distributed.init_distributed(settings.collective_timeout_s)
     check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
     if settings.gpu_memory_gib:
         _cap_gpu_memory(settings.gpu_memory_gib)
@@ -267,7 +269,8 @@ def train(argv: list[str] | None = None, hub_api=None, process_started: float | 
     if run.settings.push_to_hub and distributed.rank() == 0:
         run.pusher = HubPusher(run.settings.push_to_hub, hub_api)
     with clock.phase("checkpoint"):
-        start_step = _resume(run, resume_tag) if resume_tag else 0
+        start_step = checkpoint.restore_newest(run.output_dir, resume_tag, lambda tag: _resume(run, tag)) \
+            if resume_tag else 0
     counts = parameter_counts(run.config)
     logger.info("%s %s: %s parameters (%s active), %d process(es), micro-batch %d x accumulation %d, seq %d",
                 run.settings.preset, run.settings.arch, f"{counts.total:,}", f"{counts.active:,}",
@@ -410,6 +413,7 @@ def _train_loop(run: Run, start_step: int, validation: list[dict]) -> dict:
     with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
         while step < settings.max_steps:
             step += 1
+            distributed.progress.step = step  # for the one line printed if the run has to stop
             if config.uses_mod:
                 capacity = run.controller.state.mod_capacity or mod_capacity_at(
                     step - 1, config.mod_capacity, settings.mod_capacity_warmup_steps)
