@@ -45,6 +45,17 @@ def init_distributed(timeout_s: float | None = None) -> None:
                                auto_mpi_discovery=False, **timeout)
 
 
+def bound_collectives(timeout_s: float) -> None:
+    """Give every process group that exists now the run's collective timeout.
+
+    DeepSpeed makes its own groups (ZeRO's data-parallel clone of the world, MoE's expert groups), which torch
+    creates with its default timeout (30 minutes for gloo, 10 for NCCL) whatever the world group has; call this
+    after `deepspeed.initialize`. (torch's setter is private; torchtitan uses it the same way.)
+    """
+    for group in list(dist.distributed_c10d._world.pg_map):
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s), group)
+
+
 def close() -> None:
     """Leave the process group together: without it a rank can abort at exit while its peer still tears down."""
     if dist.is_initialized():

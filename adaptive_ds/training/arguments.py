@@ -46,7 +46,9 @@ class RunSettings:
     eval_steps: int = 0  # validation loss every N steps (0: only at the end)
     save_steps: int = 0  # DeepSpeed checkpoint every N steps (0: only at the end)
     keep_last: int = 2  # checkpoints kept
-    collective_timeout_s: int = 600  # a collective waiting this long on a hung process stops the run (one line)
+    # a collective waiting this long on a hung process stops the run with one line; long enough for rank-0-only
+    # work the others wait for at a barrier (a large checkpoint's universal conversion)
+    collective_timeout_s: int = 1800
     resume: str = "auto"  # "auto": continue from OUTPUT_DIR's latest checkpoint if there is one; "never"
     report_to: str = "none"  # also mirror metrics to "tensorboard" or "wandb" (metrics.jsonl is always written)
     push_to_hub: str | None = None  # Hub repo id: the final model is pushed with a model card

@@ -210,6 +210,7 @@ def _commit(root: str, tag: str, run_state: dict, keep_last: int) -> str | None:
                 _write_atomic(os.path.join(where, MANIFEST), json.dumps(manifest, indent=1))
                 _write_atomic(os.path.join(where, RUN_STATE), json.dumps(run_state, indent=2))
                 _write_atomic(os.path.join(root, LATEST), tag)
+                distributed.progress.checkpoint = where  # complete from here on, even if a peer is lost now
             except OSError as e:
                 failed = _one_line(e)
         if failed is None:

@@ -179,6 +179,7 @@ def _build(argv: list[str] | None, clock: PhaseClock) -> tuple[Run, str | None]:
         model=model, model_parameters=parameter_groups(model, weight_decay), config=ds_config,
         lr_scheduler=scheduler_factory(settings.warmup_steps, settings.max_steps, settings.min_lr_ratio),
     )
+    distributed.bound_collectives(settings.collective_timeout_s)  # DeepSpeed's own groups too
     if settings.compile:
         engine.compile()  # in place: the module keeps its parameter names, so checkpoints and final/ are unchanged
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
