@@ -44,9 +44,16 @@ def _start_until_checkpoint(command, out, log):
     deadline = time.time() + 300
     while latest_tag(str(out)) is None and launcher.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    workers = [p for p in psutil.Process(launcher.pid).children(recursive=True) if p.environ().get("RANK") == "1"]
+    workers = [p for p in psutil.Process(launcher.pid).children(recursive=True) if _rank(p) == "1"]
     assert len(workers) == 1 and launcher.poll() is None, log.read_text()[-3000:]
     return launcher, workers[0]
+
+
+def _rank(process: psutil.Process) -> str | None:
+    try:
+        return process.environ().get("RANK")
+    except psutil.NoSuchProcess:  # a short-lived helper process that has just exited
+        return None
 
 
 def _stopped_line(text):

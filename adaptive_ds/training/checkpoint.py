@@ -204,19 +204,27 @@ def _commit(root: str, tag: str, run_state: dict, keep_last: int) -> str | None:
         failed = _first_failure([f for _, f in gathered])
         if failed is None:
             entries = {path: entry for part, _ in gathered for path, entry in part.items()}
-            try:
-                # in the listing's order (largest first), which is also how verification shares them out
-                manifest = {"files": {path: entries[path] for path in files}}
-                _write_atomic(os.path.join(where, MANIFEST), json.dumps(manifest, indent=1))
-                _write_atomic(os.path.join(where, RUN_STATE), json.dumps(run_state, indent=2))
-                _write_atomic(os.path.join(root, LATEST), tag)
-                distributed.progress.checkpoint = where  # complete from here on, even if a peer is lost now
-            except OSError as e:
-                failed = _one_line(e)
+            failed = _publish(root, tag, {path: entries[path] for path in files}, run_state)
         if failed is None:
             _prune(root, tag, keep_last)
             logger.info("saved checkpoint %s", where)
     return distributed.broadcast_object(failed)
+
+
+def _publish(root: str, tag: str, entries: dict, run_state: dict) -> str | None:
+    """Rank 0: manifest.json, run.json, then `latest`, each atomically; returns what failed (None: published).
+
+    `entries` keep the listing's order (largest first), which is also how verification shares the files out.
+    """
+    where = os.path.join(root, tag)
+    try:
+        _write_atomic(os.path.join(where, MANIFEST), json.dumps({"files": entries}, indent=1))
+        _write_atomic(os.path.join(where, RUN_STATE), json.dumps(run_state, indent=2))
+        _write_atomic(os.path.join(root, LATEST), tag)
+    except OSError as e:
+        return _one_line(e)
+    distributed.progress.checkpoint = where  # complete from here on, even if a peer is lost now
+    return None
 
 
 def _list_files(where: str) -> list[str]:
@@ -323,11 +331,14 @@ def _check_file(where: str, path: str, entry: dict) -> str | None:
     full = os.path.join(where, path)
     if not os.path.isfile(full):
         return f"{path} is missing"
-    size = os.path.getsize(full)
-    if size != entry["size"]:
-        return f"{path} has {size} bytes, its manifest says {entry['size']}"
-    if _crc32(full) != entry["crc32"]:
-        return f"{path} fails its CRC-32 check (changed since the save)"
+    try:
+        size = os.path.getsize(full)
+        if size != entry["size"]:
+            return f"{path} has {size} bytes, its manifest says {entry['size']}"
+        if _crc32(full) != entry["crc32"]:
+            return f"{path} fails its CRC-32 check (changed since the save)"
+    except OSError as e:
+        return f"{path} cannot be read ({_one_line(e)})"
     return None
 
 
