@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
+from dataclasses import dataclass
+from datetime import timedelta
 
 import deepspeed
 import torch
@@ -21,11 +24,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> None:
+def init_distributed(timeout_s: float | None = None) -> None:
     """Join the launcher's process group; a plain `python` start becomes a world of one.
 
     Launchers export RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT / LOCAL_RANK; without them we set a
     single-process world ourselves rather than let DeepSpeed try MPI discovery. CUDA uses NCCL; CPU uses gloo.
+    `timeout_s` bounds every collective: a process whose peer hangs (alive, but no longer taking part) gets the
+    backend's error after this long instead of waiting forever (None: DeepSpeed's default, $DEEPSPEED_TIMEOUT
+    minutes or 10). A peer that died is noticed sooner: its closed connection fails the next collective.
     """
     if dist.is_initialized():
         return
@@ -34,8 +40,20 @@ def init_distributed() -> None:
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
+    timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
-                               auto_mpi_discovery=False)
+                               auto_mpi_discovery=False, **timeout)
+
+
+def bound_collectives(timeout_s: float) -> None:
+    """Give every process group that exists now the run's collective timeout.
+
+    DeepSpeed makes its own groups (ZeRO's data-parallel clone of the world, MoE's expert groups), which torch
+    creates with its default timeout (30 minutes for gloo, 10 for NCCL) whatever the world group has; call this
+    after `deepspeed.initialize`. (torch's setter is private; torchtitan uses it the same way.)
+    """
+    for group in list(dist.distributed_c10d._world.pg_map):
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s), group)
 
 
 def close() -> None:
@@ -64,6 +82,53 @@ def broadcast_object(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if world_size() == 1:
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def gather_object(obj) -> list | None:
+    """Every rank's `obj`, in rank order, on rank 0 (None elsewhere)."""
+    if world_size() == 1:
+        return [obj]
+    out = [None] * world_size() if rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+# What gloo's transport says when a peer died or stopped answering (it raises a plain RuntimeError); NCCL and
+# the rendezvous store raise torch.distributed.DistError subclasses.
+_GLOO_PEER_LOST = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "pair closure")
+
+
+def lost_contact(error: BaseException) -> bool:
+    """Whether `error` is the backend reporting a process of the run that died or timed out."""
+    if isinstance(error, dist.DistError):
+        return True
+    return isinstance(error, RuntimeError) and any(marker in str(error) for marker in _GLOO_PEER_LOST)
+
+
+def describe_lost_contact(error: BaseException) -> str:
+    """The backend's message in a few words: without its source location and its advice paragraph."""
+    text = re.sub(r"^\[[^\]]*\] ", "", " ".join(str(error).split()))
+    return text.split(". This is typically")[0][:200]
+
+
+@dataclass
+class Progress:
+    """Where this process is, for the one line it prints when it has to stop (a lost peer, SIGTERM)."""
+
+    step: int | None = None  # the step being trained (set by the training loop)
+    checkpoint: str | None = None  # the newest complete checkpoint this process saved or resumes from
+
+
+progress = Progress()
 
 
 class _RankZeroFilter(logging.Filter):

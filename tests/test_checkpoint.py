@@ -1,18 +1,28 @@
-"""Checkpoints: exact resume after a kill, atomic `latest`, pruning, and clear errors for bad checkpoints."""
+"""Checkpoints: exact resume after a kill, atomic `latest`, pruning, manifests, a corrupt newest checkpoint set
+aside for the previous one, a disk that fills during a save, and clear errors for bad checkpoints."""
 
+import binascii
 import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import deepspeed
 import pytest
-from conftest import DISTRIBUTED_VARIABLES, ROOT, run_command, write_ds_config
+import torch
+from conftest import DISTRIBUTED_VARIABLES, ROOT, run_command, tiny_config, write_ds_config
 
-from adaptive_ds.training import train
-from adaptive_ds.training.checkpoint import CheckpointError, latest_tag
+from adaptive_ds import distributed
+from adaptive_ds.data.tokenizer import embedded_tokenizer
+from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.training import checkpoint, train
+from adaptive_ds.training.checkpoint import CheckpointError, CheckpointSaveError, latest_tag, resume_candidate
 
 
 def _config(tmp_path, **block):
@@ -73,39 +83,212 @@ def test_checkpoints_are_pruned_and_latest_is_complete(tmp_path):
     tags = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step"))
     assert tags == ["step00000009", "step00000012"]
     assert latest_tag(str(out)) == "step00000012"
-    run = json.loads((out / "checkpoints" / "step00000012" / "run.json").read_text())
+    where = out / "checkpoints" / "step00000012"
+    run = json.loads((where / "run.json").read_text())
     assert run["step"] == 12 and run["data_steps"] == 12 and run["controller"]["knobs"]["micro_batch"] == 2
+    # the manifest names every other file of the checkpoint with its size and CRC-32
+    manifest = json.loads((where / "manifest.json").read_text())["files"]
+    on_disk = {str(p.relative_to(where)): p.read_bytes() for p in where.rglob("*") if p.is_file()}
+    assert set(manifest) == set(on_disk) - {"manifest.json", "run.json"}
+    assert "tokenizer/tokenizer.json" in manifest and "rng_rank0.pt" in manifest
+    assert all(manifest[p] == {"size": len(on_disk[p]), "crc32": binascii.crc32(on_disk[p])} for p in manifest)
 
 
-def _finished_run(tmp_path, **block):
-    out = tmp_path / "run"
-    train(["--ds_config", _config(tmp_path, max_steps=4, save_steps=2, log_steps=2, **block),
-           "--output_dir", str(out)])
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 4-step run with checkpoints at steps 2 and 4: copy it (`_copy`) before changing it."""
+    base = tmp_path_factory.mktemp("finished")
+    out = base / "run"
+    train(["--ds_config", _finished_config(base), "--output_dir", str(out)])
     return out
 
 
-def test_an_incompatible_checkpoint_is_refused_and_left_alone(tmp_path):
-    out = _finished_run(tmp_path)
+def _finished_config(directory, **block):
+    return _config(directory, **{"max_steps": 4, "save_steps": 2, "log_steps": 2, **block})
+
+
+def _copy(run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return out
+
+
+def _set_aside(out, tag):
+    """The directories checkpoint `tag` was moved to."""
+    return [p for p in (out / "checkpoints").iterdir() if p.name.startswith(f"{tag}.corrupt-")]
+
+
+def _capture_logs():
+    distributed.setup_logging()  # its handler writes to the stderr the test captures
+
+
+def test_an_incompatible_checkpoint_is_refused_and_left_alone(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
     before = _digest(out)
     with pytest.raises(CheckpointError, match="does not match this run: arch 'dense' .this run: 'moe'"):
         train(["--ds_config", _config(tmp_path, max_steps=8), "--output_dir", str(out), "--arch", "moe"])
     assert _digest(out) == before
 
 
-def test_a_truncated_checkpoint_is_refused_and_left_alone(tmp_path):
-    out = _finished_run(tmp_path)
+def test_a_truncated_newest_checkpoint_is_set_aside_and_the_previous_one_resumed(finished_run, tmp_path, capfd):
+    out = _copy(finished_run, tmp_path)
+    original = _losses(out)
+    states = out / "checkpoints" / "step00000004" / "mp_rank_00_model_states.pt"
+    truncated = states.read_bytes()[:1000]
+    states.write_bytes(truncated)
+    summary = train(["--ds_config", _finished_config(tmp_path), "--output_dir", str(out), "--keep_last", "1"])
+    err = capfd.readouterr().err
+    assert re.search(r"WARNING .*step00000004 cannot be resumed \(mp_rank_00_model_states.pt has 1000 bytes, its "
+                     r"manifest says \d+\); moved aside to step00000004\.corrupt-", err), err[-3000:]
+    assert summary["resumed_from_step"] == 2
+    # steps 3 and 4 were trained again from step 2's checkpoint: the same losses as the first time
+    resumed = _losses(out)
+    assert sorted(resumed) == [2, 4] and resumed[2] == original[2]
+    assert resumed[4] == pytest.approx(original[4], rel=1e-6, abs=0)
+    # the evidence survives the new save of step 4 and its prune to one checkpoint
+    (aside,) = _set_aside(out, "step00000004")
+    assert (aside / "mp_rank_00_model_states.pt").read_bytes() == truncated
+    assert latest_tag(str(out)) == "step00000004"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["step00000004", aside.name]
+
+
+def test_flipped_bytes_fail_the_checksum_and_the_previous_checkpoint_is_chosen(finished_run, tmp_path, capfd):
+    out = _copy(finished_run, tmp_path)
+    shard = out / "checkpoints" / "step00000004" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    shard.write_bytes(data)
+    _capture_logs()
+    assert resume_candidate(str(out)) == "step00000002"
+    assert "zero_pp_rank_0_mp_rank_00_optim_states.pt fails its CRC-32 check" in capfd.readouterr().err
+    assert latest_tag(str(out)) == "step00000002"
+    (aside,) = _set_aside(out, "step00000004")
+    assert (aside / shard.name).read_bytes() == data
+
+
+def test_a_partial_checkpoint_is_never_loaded(finished_run, tmp_path, capfd):
+    out = _copy(finished_run, tmp_path)
+    root = out / "checkpoints"
+    partial = root / "step00000006"  # a save cut off before its run.json: every other file is there
+    shutil.copytree(root / "step00000004", partial)
+    (partial / "run.json").unlink()
+    assert resume_candidate(str(out)) == "step00000004"
+    assert partial.is_dir()
+    (root / "latest").write_text("step00000006")  # even when `latest` names it
+    _capture_logs()
+    assert resume_candidate(str(out)) == "step00000004"
+    assert "step00000006 cannot be resumed (no run.json: its save did not finish)" in capfd.readouterr().err
+    assert latest_tag(str(out)) == "step00000004" and not partial.exists() and _set_aside(out, "step00000006")
+
+
+def test_with_every_checkpoint_corrupt_the_error_is_one_line_and_nothing_is_deleted(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
+    for tag in ("step00000002", "step00000004"):
+        states = out / "checkpoints" / tag / "mp_rank_00_model_states.pt"
+        states.write_bytes(states.read_bytes()[:1000])
+    before = {p.name: _digest(p) for p in (out / "checkpoints").iterdir() if p.is_dir()}
+    with pytest.raises(CheckpointError, match=r"^no complete checkpoint left in .*step00000004: .*has 1000 bytes.*; "
+                                              r"step00000002: .*has 1000 bytes.*start a new --output_dir$"):
+        resume_candidate(str(out))
+    after = {p.name.split(".corrupt-")[0]: _digest(p) for p in (out / "checkpoints").iterdir() if p.is_dir()}
+    assert after == before
+
+
+def test_a_checkpoint_without_a_manifest_loads_and_one_deepspeed_cannot_load_falls_back(finished_run, tmp_path,
+                                                                                          capfd):
+    """Checkpoints written before manifests existed: run.json alone admits them; a load failure still falls back."""
+    out = _copy(finished_run, tmp_path)
+    original = _losses(out)
+    for tag in ("step00000002", "step00000004"):
+        (out / "checkpoints" / tag / "manifest.json").unlink()
     states = out / "checkpoints" / "step00000004" / "mp_rank_00_model_states.pt"
     states.write_bytes(states.read_bytes()[:1000])
-    before = _digest(out)
-    with pytest.raises(CheckpointError, match="cannot be loaded"):
-        train(["--ds_config", _config(tmp_path, max_steps=8), "--output_dir", str(out)])
-    assert _digest(out) == before
+    assert resume_candidate(str(out)) == "step00000004"  # nothing to check its sizes against
+    summary = train(["--ds_config", _finished_config(tmp_path), "--output_dir", str(out)])
+    assert re.search(r"WARNING .*step00000004 cannot be resumed \(checkpoint .* cannot be loaded \(.*\)\); moved "
+                     r"aside to step00000004\.corrupt-", capfd.readouterr().err)
+    assert summary["resumed_from_step"] == 2  # step 2's checkpoint, without a manifest, loaded
+    assert _losses(out)[4] == pytest.approx(original[4], rel=1e-6, abs=0)
+    assert len(_set_aside(out, "step00000004")) == 1
 
 
-def test_a_finished_run_with_a_larger_budget_continues(tmp_path):
-    out = _finished_run(tmp_path)
+def test_a_finished_run_with_a_larger_budget_continues(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
     summary = train(["--ds_config", _config(tmp_path, max_steps=6, save_steps=2, log_steps=2),
                      "--output_dir", str(out)])
     assert summary["resumed_from_step"] == 4 and sorted(_losses(out)) == [2, 4, 6]
     with pytest.raises(ValueError, match="pass --resume auto"):
         train(["--ds_config", _config(tmp_path, max_steps=8), "--output_dir", str(out), "--resume", "never"])
+
+
+def _tiny_engine(directory):
+    distributed.init_distributed()
+    config = json.loads(Path(write_ds_config(directory)).read_text())
+    del config["adaptive_ds"]
+    model = AdaptiveDSForCausalLM(tiny_config("dense"))
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine
+
+
+def _train_step(engine):
+    ids = torch.randint(0, 64, (2, 16))
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+
+
+def _disk_bytes(directory):
+    """What the files under `directory` take on a filesystem of 4 KiB blocks."""
+    return sum(-(-p.stat().st_size // 4096) * 4096 for p in Path(directory).rglob("*") if p.is_file())
+
+
+def test_a_save_that_fills_the_disk_keeps_the_previous_checkpoint(tmp_path):
+    engine, tokenizer = _tiny_engine(tmp_path), embedded_tokenizer()
+    _train_step(engine)
+    probe = tmp_path / "probe"  # measures a checkpoint, to size a disk that holds one and a half
+    checkpoint.save(engine, str(probe), 1, {"step": 1}, 2, tokenizer)
+    size = _disk_bytes(probe) + _disk_bytes(probe / "checkpoints" / "step00000001") // 2
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a small tmpfs cannot be mounted here (needs root): {mounted.stderr.strip()}")
+    try:
+        out = str(disk / "run")
+        checkpoint.save(engine, out, 1, {"step": 1}, 2, tokenizer)
+        saved = {k: v.clone() for k, v in engine.module.state_dict().items()}
+        _train_step(engine)
+        with pytest.raises(CheckpointSaveError, match=r"^checkpoint step00000002 could not be saved in .* \(.*\); "
+                           r"[\d.]+ (B|KiB) free there when it failed; the partial step00000002 was removed and "
+                           r"`latest` still names step00000001$"):
+            checkpoint.save(engine, out, 2, {"step": 2}, 2, tokenizer)
+        assert sorted(os.listdir(disk / "run" / "checkpoints")) == ["latest", "step00000001", "zero_to_fp32.py",
+                                                                    "zero_to_torch.py"]
+        assert resume_candidate(out) == "step00000001"
+        assert not torch.equal(engine.module.state_dict()["lm_head.weight"], saved["lm_head.weight"])
+        assert checkpoint.load(engine, out, "step00000001") == {"step": 1}
+        for name, value in engine.module.state_dict().items():
+            assert torch.equal(value, saved[name]), name
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.slow
+def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path):
+    config = _config(tmp_path, max_steps=4, save_steps=0, log_steps=1)
+    out = tmp_path / "run"
+    first = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config", config,
+                         "--output_dir", str(out)])
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = _losses(out)
+    again = run_command([sys.executable, "launchers/train.py", "--ds_config", config, "--output_dir", str(out),
+                         "--max_steps", "6"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "through DeepSpeed's universal format" in again.stderr
+    assert "gradient accumulation 4 keeps its global batch of 8 rows" in again.stderr  # the same ds_config
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 4 and summary["world_size"] == 1
+    after = _losses(out)
+    assert sorted(after) == [1, 2, 3, 4, 5, 6] and all(after[s] == before[s] for s in range(1, 5))
+    # the trained weights and optimizer came back: step 5 continues from step 4's loss, far below a fresh start
+    assert after[5] < before[1] - 0.2 and abs(after[5] - before[4]) < 0.3

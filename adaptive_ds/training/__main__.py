@@ -1,7 +1,13 @@
-"""`python -m adaptive_ds.training --ds_config F ...`: one training run; bad input exits with one line."""
+"""`python -m adaptive_ds.training --ds_config F ...`: one training run; bad input exits with one line.
+
+A run that loses one of its processes also ends with one line (never a hang): a peer that died fails the next
+collective (gloo: its closed connection), a hung one the collective timeout (`collective_timeout_s`), and
+torchrun's agent stops the survivors with SIGTERM. The same command then resumes from the last complete checkpoint.
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import psutil
@@ -13,14 +19,40 @@ from .controller import TrainingStopped
 from .loop import train
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that no library's `except Exception` eats it."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one line, even when the launcher sends it again
+    raise Terminated
+
+
+def _stopped(what: str) -> str:
+    """The one line: what stopped the run, where, and how to continue."""
+    progress = distributed.progress
+    where = f"at step {progress.step}" if progress.step is not None else "before training began"
+    to = (f"resume from checkpoint {progress.checkpoint}" if progress.checkpoint
+          else "start again (no checkpoint was saved yet)")
+    return f"error: {what} {where}; rerun the same command to {to}"
+
+
 def main(argv: list[str] | None = None, hooks=None) -> None:
     """`hooks`: test-only fault injection (tests/helpers/train_with_faults.py); None in every real run."""
+    signal.signal(signal.SIGTERM, _on_sigterm)  # torchrun's agent sends it to the survivors when a worker dies
     try:
         # interpreter start-up and imports are part of the run's setup time
         train(sys.argv[1:] if argv is None else argv, process_started=psutil.Process().create_time(), hooks=hooks)
         distributed.close()
     except (ConfigError, CheckpointError, TrainingStopped) as error:
         sys.exit(f"error: {error}")
+    except Terminated:
+        sys.exit(_stopped("stopped by SIGTERM (a launcher stops every process when one fails)"))
+    except RuntimeError as error:
+        if not distributed.lost_contact(error):
+            raise
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM would cut this line short
+        sys.exit(_stopped(f"lost contact with another process ({distributed.describe_lost_contact(error)})"))
 
 
 if __name__ == "__main__":

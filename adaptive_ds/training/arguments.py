@@ -75,6 +75,9 @@ class RunSettings:
     eval_steps: int = setting(0, "validation loss every N steps (0: only at the end)", at_least=0)
     save_steps: int = setting(0, "DeepSpeed checkpoint every N steps (0: only at the end)", at_least=0)
     keep_last: int = setting(2, "checkpoints kept", at_least=1)
+    collective_timeout_s: int = setting(1800, "seconds a collective may wait on a hung process before the run "
+                                              "stops with one line (long enough for rank-0-only work such as a "
+                                              "large checkpoint's universal conversion)", at_least=1)
     resume: str = setting("auto", "auto: continue from OUTPUT_DIR's latest checkpoint if there is one",
                           choices=("auto", "never"))
     report_to: str = setting("none", "also mirror metrics there (metrics.jsonl is always written)",

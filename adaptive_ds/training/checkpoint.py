@@ -1,10 +1,22 @@
-"""DeepSpeed training checkpoints: periodic, atomic, pruned, and checked before they are resumed.
+"""DeepSpeed training checkpoints: periodic, atomic, verified, pruned; a corrupt one is set aside at resume.
 
 Layout: OUTPUT_DIR/checkpoints/<tag>/ holds DeepSpeed's files (module, ZeRO optimizer shards, expert files,
-scheduler, loss scaler), each rank's RNG state and `run.json` (step, data position, what the run was);
-OUTPUT_DIR/checkpoints/latest names the newest *complete* checkpoint. It is replaced atomically only after
-every rank has finished writing, so a process killed at any moment leaves `latest` at a complete checkpoint
-and the next start resumes from it (a partial tag directory is ignored, and removed by the next prune).
+scheduler, loss scaler), each rank's RNG state, the tokenizer, `manifest.json` (every other file's relative path,
+size and CRC-32) and `run.json` (step, data position, what the run was); OUTPUT_DIR/checkpoints/latest names the
+newest *complete* checkpoint. manifest.json, then run.json, then `latest` are written (each atomically) only after
+every rank has finished writing, so a process killed at any moment leaves `latest` at a complete checkpoint and
+the next start resumes from it (a partial tag directory, without run.json, is never loaded and is removed by the
+next prune).
+
+Save: the manifest's checksums are computed in parallel (file i, by size, on rank i % world), so their cost on
+one rank does not grow with the world size. A save that fails to write (a full disk) removes its own partial
+directory, leaves the previous checkpoint and `latest` as they were, and raises `CheckpointSaveError`.
+
+Resume: `resume_candidate` checks the newest checkpoint's files against its manifest before DeepSpeed reads them;
+a checkpoint that fails (or, through `restore_newest`, one DeepSpeed cannot load) is renamed to
+`<tag>.corrupt-<time>` (kept as evidence, never pruned), with one warning, and the previous complete one is tried.
+Checkpoints written before manifests existed still load: only their run.json is checked, not sizes or checksums.
+Every rank must see the checkpoint directory (shared storage), as `latest` already requires.
 """
 
 from __future__ import annotations
@@ -15,8 +27,13 @@ import logging
 import os
 import pickle
 import random
+import re
 import shutil
+import time
 import zipfile
+import zlib
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -34,15 +51,30 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+MANIFEST = "manifest.json"
+RUN_STATE = "run.json"
+CORRUPT = ".corrupt-"  # <tag>.corrupt-<time>: a checkpoint set aside at resume
+_TAG = re.compile(r"step\d{8}")
+_CHUNK = 16 << 20
+
+T = TypeVar("T")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed: one line, the files left as they were."""
+    """A checkpoint that cannot be resumed or saved: one line; no checkpoint is deleted."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save that could not be written (e.g. a full disk); the previous checkpoint and `latest` are intact."""
+
+
+class CheckpointLoadError(CheckpointError):
+    """Files that DeepSpeed could not load (on some rank): `restore_newest` sets them aside and falls back."""
 
 
 def resolve_tag_dir(path: str) -> str:
     """A checkpoint directory from a tag directory, a checkpoints/ directory or a run's OUTPUT_DIR."""
-    if os.path.isfile(os.path.join(path, "run.json")):
+    if os.path.isfile(os.path.join(path, RUN_STATE)):
         return path
     for root in (os.path.join(path, CHECKPOINTS), path):
         latest = os.path.join(root, LATEST)
@@ -67,11 +99,16 @@ def latest_tag(output_dir: str) -> str | None:
 
 def _write_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def _rng_state() -> dict:
@@ -87,44 +124,267 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+
+
 def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, tokenizer) -> str:
     """Save a checkpoint at `step` (collective), then point `latest` at it and prune to `keep_last`.
 
     The tokenizer is saved beside DeepSpeed's files, so `python -m adaptive_ds.export` needs nothing else.
+    Raises CheckpointSaveError (on every rank) when a rank cannot write its files: the partial directory is
+    removed (it never became a checkpoint), `latest` and the previous checkpoints are untouched.
     """
     root = checkpoint_root(output_dir)
     tag = f"step{step:08d}"
+    where = os.path.join(root, tag)
+    rank = distributed.rank()
+    if rank == 0 and os.path.isdir(where) and tag != latest_tag(output_dir):
+        shutil.rmtree(where)  # left by a save of this step that was cut off: it never became a checkpoint
     client_state = {"run": run_state}
     if not engine.has_moe_layers:
         # lets deepspeed.checkpoint.ds_to_universal convert it, to resume on another number of processes (DeepSpeed
         # reserves this key in its MoE checkpoint path; MoE checkpoints are converted by universal.py instead)
         client_state[UNIVERSAL_CHECKPOINT_INFO] = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
-    engine.save_checkpoint(root, tag=tag, client_state=client_state, save_latest=False)
-    rank = distributed.rank()
-    torch.save(_rng_state(), os.path.join(root, tag, f"rng_rank{rank}.pt"))
-    dist.barrier()  # every rank's files are on disk
-    if rank == 0:
-        tokenizer.save_pretrained(os.path.join(root, tag, "tokenizer"))
-        _write_atomic(os.path.join(root, tag, "run.json"), json.dumps(run_state, indent=2))
-        _write_atomic(os.path.join(root, LATEST), tag)
-        _prune(root, tag, keep_last)
-        logger.info("saved checkpoint %s", os.path.join(root, tag))
-    dist.barrier()
+    failed = _first_failure(distributed.all_gather_object(_write_files(engine, root, tag, client_state, tokenizer)))
+    if failed is None:
+        failed = _commit(root, tag, run_state, keep_last)
+    if failed is not None:
+        previous, free = latest_tag(output_dir), shutil.disk_usage(root).free
+        if rank == 0 and tag != previous:
+            shutil.rmtree(where, ignore_errors=True)
+        dist.barrier()
+        raise CheckpointSaveError(
+            f"checkpoint {tag} could not be saved in {root!r} ({failed}); {_human(free)} free there when it failed; "
+            f"the partial {tag} was removed and `latest` still names {previous or 'no checkpoint'}")
+    distributed.progress.checkpoint = where
     return tag
 
 
+def _write_files(engine, root: str, tag: str, client_state: dict, tokenizer) -> str | None:
+    """This rank's files of the checkpoint; returns what failed (None: all written)."""
+    try:
+        engine.save_checkpoint(root, tag=tag, client_state=client_state, save_latest=False)
+    except (OSError, RuntimeError) as e:
+        if distributed.lost_contact(e):
+            raise
+        dist.barrier()  # stands in for the closing barrier of DeepSpeed's save, where the other ranks wait
+        return _one_line(e)
+    try:
+        torch.save(_rng_state(), os.path.join(root, tag, f"rng_rank{distributed.rank()}.pt"))
+        if distributed.rank() == 0:
+            tokenizer.save_pretrained(os.path.join(root, tag, "tokenizer"))
+    except (OSError, RuntimeError) as e:
+        return _one_line(e)
+    return None
+
+
+def _first_failure(failures: list[str | None]) -> str | None:
+    ranked = [f"rank {r}: {f}" if len(failures) > 1 else f for r, f in enumerate(failures) if f]
+    return ranked[0] if ranked else None
+
+
+def _commit(root: str, tag: str, run_state: dict, keep_last: int) -> str | None:
+    """Manifest (checksums in parallel), run.json, `latest`, prune (collective); returns what failed, on every rank."""
+    where = os.path.join(root, tag)
+    rank, world = distributed.rank(), distributed.world_size()
+    files = distributed.broadcast_object(_list_files(where) if rank == 0 else None)
+    try:
+        mine, failed = {path: _file_entry(where, path) for path in files[rank::world]}, None
+    except OSError as e:
+        mine, failed = {}, _one_line(e)
+    gathered = distributed.gather_object((mine, failed))
+    if rank == 0:
+        failed = _first_failure([f for _, f in gathered])
+        if failed is None:
+            entries = {path: entry for part, _ in gathered for path, entry in part.items()}
+            failed = _publish(root, tag, {path: entries[path] for path in files}, run_state)
+        if failed is None:
+            _prune(root, tag, keep_last)
+            logger.info("saved checkpoint %s", where)
+    return distributed.broadcast_object(failed)
+
+
+def _publish(root: str, tag: str, entries: dict, run_state: dict) -> str | None:
+    """Rank 0: manifest.json, run.json, then `latest`, each atomically; returns what failed (None: published).
+
+    `entries` keep the listing's order (largest first), which is also how verification shares the files out.
+    """
+    where = os.path.join(root, tag)
+    try:
+        _write_atomic(os.path.join(where, MANIFEST), json.dumps({"files": entries}, indent=1))
+        _write_atomic(os.path.join(where, RUN_STATE), json.dumps(run_state, indent=2))
+        _write_atomic(os.path.join(root, LATEST), tag)
+    except OSError as e:
+        return _one_line(e)
+    distributed.progress.checkpoint = where  # complete from here on, even if a peer is lost now
+    return None
+
+
+def _list_files(where: str) -> list[str]:
+    """Every file under `where` (relative paths), largest first, so that i % world shares the bytes evenly."""
+    paths = [os.path.relpath(os.path.join(top, name), where) for top, _, names in os.walk(where) for name in names]
+    paths = [p for p in paths if p not in (MANIFEST, RUN_STATE)]
+    return sorted(paths, key=lambda p: (-os.path.getsize(os.path.join(where, p)), p))
+
+
+def _crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _file_entry(where: str, path: str) -> dict:
+    full = os.path.join(where, path)
+    return {"size": os.path.getsize(full), "crc32": _crc32(full)}
+
+
 def _prune(root: str, latest: str, keep_last: int) -> None:
-    """Keep the newest `keep_last` complete checkpoints; remove older ones and partial ones (never `latest`)."""
-    tags = sorted(t for t in os.listdir(root) if t.startswith("step") and os.path.isdir(os.path.join(root, t)))
-    complete = [t for t in tags if t <= latest and os.path.isfile(os.path.join(root, t, "run.json"))]
+    """Keep the newest `keep_last` complete checkpoints; remove older ones and partial ones (never `latest`, never a
+    checkpoint set aside as corrupt: that is evidence)."""
+    tags = sorted(t for t in os.listdir(root)
+                  if t.startswith("step") and CORRUPT not in t and os.path.isdir(os.path.join(root, t)))
+    complete = [t for t in tags if t <= latest and os.path.isfile(os.path.join(root, t, RUN_STATE))]
     keep = set(complete[-keep_last:]) | {latest}
     for tag in tags:
         if tag not in keep:
             shutil.rmtree(os.path.join(root, tag), ignore_errors=True)
 
 
+def resume_candidate(output_dir: str) -> str | None:
+    """The newest checkpoint whose files match their manifest (collective; rank 0 decides, every rank gets it).
+
+    None when OUTPUT_DIR has no checkpoint. Starting at `latest`, each checkpoint that fails verification (a file
+    missing, truncated or changed since the save; no run.json) is set aside (renamed `<tag>.corrupt-<time>`,
+    never deleted) with one warning, and the previous complete one is tried; CheckpointError when none is left.
+    The checksums are read in parallel (file i on rank i % world). Checkpoints without a manifest (written before
+    manifests existed) pass on their run.json alone.
+    """
+    root = checkpoint_root(output_dir)
+    candidates = distributed.broadcast_object(_candidates(root) if distributed.rank() == 0 else None)
+    problems = []
+    for tag in candidates:
+        problem = _verify(os.path.join(root, tag))
+        if problem is None:
+            dist.barrier()  # rank 0 has finished renaming and repointing `latest`
+            distributed.progress.checkpoint = os.path.join(root, tag)
+            return tag
+        problems.append(f"{tag}: {problem}")
+        if distributed.rank() == 0:
+            _set_aside(root, tag, problem)
+    if not candidates:
+        return None
+    raise CheckpointError(f"no complete checkpoint left in {root!r} to resume ({'; '.join(problems)}); the "
+                          f"corrupt ones were moved aside to <tag>{CORRUPT}<time>; start a new --output_dir")
+
+
+def _candidates(root: str) -> list[str]:
+    """`latest`, then the older complete checkpoints, newest first."""
+    latest = latest_tag(os.path.dirname(root))
+    if latest is None:
+        return []
+    older = [t for t in os.listdir(root) if _TAG.fullmatch(t) and t < latest
+             and os.path.isfile(os.path.join(root, t, RUN_STATE))]
+    return [latest, *sorted(older, reverse=True)]
+
+
+def _verify(where: str) -> str | None:
+    """What is wrong with checkpoint directory `where`, or None (collective; every rank gets rank 0's answer)."""
+    rank, world = distributed.rank(), distributed.world_size()
+    files, problem = distributed.broadcast_object(_read_manifest(where) if rank == 0 else None)
+    if problem is None and files:
+        mine = (_check_file(where, path, entry) for path, entry in files[rank::world])
+        problems = distributed.gather_object(next((p for p in mine if p), None))
+        problem = next((p for p in problems if p), None) if rank == 0 else None
+    return distributed.broadcast_object(problem)
+
+
+def _read_manifest(where: str) -> tuple[list | None, str | None]:
+    """(the manifest's [path, entry] pairs, or None for a checkpoint without one; what is wrong, or None)."""
+    if not os.path.isdir(where):
+        return None, "its directory is missing"
+    try:
+        with open(os.path.join(where, RUN_STATE)) as f:
+            json.load(f)
+    except FileNotFoundError:
+        return None, f"no {RUN_STATE}: its save did not finish"
+    except (OSError, json.JSONDecodeError) as e:
+        return None, f"{RUN_STATE} is unreadable ({_one_line(e)})"
+    if not os.path.isfile(os.path.join(where, MANIFEST)):
+        return None, None
+    try:
+        with open(os.path.join(where, MANIFEST)) as f:
+            return list(json.load(f)["files"].items()), None
+    except (OSError, json.JSONDecodeError, KeyError, AttributeError) as e:
+        return None, f"{MANIFEST} is unreadable ({_one_line(e)})"
+
+
+def _check_file(where: str, path: str, entry: dict) -> str | None:
+    full = os.path.join(where, path)
+    if not os.path.isfile(full):
+        return f"{path} is missing"
+    try:
+        size = os.path.getsize(full)
+        if size != entry["size"]:
+            return f"{path} has {size} bytes, its manifest says {entry['size']}"
+        if _crc32(full) != entry["crc32"]:
+            return f"{path} fails its CRC-32 check (changed since the save)"
+    except OSError as e:
+        return f"{path} cannot be read ({_one_line(e)})"
+    return None
+
+
+def _set_aside(root: str, tag: str, problem: str) -> None:
+    """Rank 0: rename a bad checkpoint out of the way (evidence, not deleted) and point `latest` at the previous
+    complete one (or remove `latest` when there is none)."""
+    where = os.path.join(root, tag)
+    moved = "it is gone"
+    if os.path.isdir(where):
+        target = f"{where}{CORRUPT}{time.strftime('%Y%m%d-%H%M%S')}"
+        suffix = 1
+        while os.path.exists(target):
+            target, suffix = f"{where}{CORRUPT}{time.strftime('%Y%m%d-%H%M%S')}-{suffix}", suffix + 1
+        os.rename(where, target)
+        moved = f"moved aside to {os.path.basename(target)}"
+    if latest_tag(os.path.dirname(root)) == tag:
+        previous = _candidates(root)[1:2]
+        if previous:
+            _write_atomic(os.path.join(root, LATEST), previous[0])
+        else:
+            os.remove(os.path.join(root, LATEST))
+    logger.warning("checkpoint %s cannot be resumed (%s); %s; falling back to the previous complete checkpoint",
+                   where, problem, moved)
+
+
+def restore_newest(output_dir: str, tag: str, restore: Callable[[str], T]) -> T:
+    """`restore(tag)` (the caller's resume: check the run state, load); when it raises CheckpointLoadError the
+    checkpoint is set aside as corrupt and the previous verified one is restored instead (collective)."""
+    root = checkpoint_root(output_dir)
+    while True:
+        try:
+            return restore(tag)
+        except CheckpointLoadError as error:
+            if distributed.rank() == 0:
+                _set_aside(root, tag, str(error))
+            dist.barrier()
+            tag = resume_candidate(output_dir)
+            if tag is None:
+                raise CheckpointError(f"no complete checkpoint left in {root!r} to resume (the last one: {error}); "
+                                      f"the corrupt ones were moved aside to <tag>{CORRUPT}<time>; start a new "
+                                      "--output_dir") from None
+
+
 def read_run_state(output_dir: str, tag: str) -> dict:
-    path = os.path.join(checkpoint_root(output_dir), tag, "run.json")
+    path = os.path.join(checkpoint_root(output_dir), tag, RUN_STATE)
     try:
         with open(path) as f:
             return json.load(f)
@@ -201,19 +461,25 @@ def load(engine, output_dir: str, tag: str, rng_tag: str | None = None) -> dict:
     """Restore engine, optimizer, scheduler, loss scaler and this rank's RNG; returns the run state.
 
     `rng_tag`: where the RNG states are (the original checkpoint when `tag` is its universal conversion);
-    a rank that did not exist when the checkpoint was written keeps its seeded RNG.
+    a rank that did not exist when the checkpoint was written keeps its seeded RNG. Raises CheckpointLoadError on
+    every rank when any rank cannot load its files (the files are left as they were).
     """
     root = checkpoint_root(output_dir)
     where = os.path.join(root, tag)
     rng_path = os.path.join(root, rng_tag or tag, f"rng_rank{distributed.rank()}.pt")
+    failed, client, rng = None, {}, None
     try:
         load_path, client = engine.load_checkpoint(root, tag=tag)
         rng = torch.load(rng_path, weights_only=False) if os.path.exists(rng_path) else None
+        if load_path is None:
+            failed = "DeepSpeed found no model states"
     except (RuntimeError, OSError, EOFError, KeyError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"checkpoint {where!r} cannot be loaded ({type(e).__name__}: {e}); "
-                              "the files are left as they were") from None
-    if load_path is None:
-        raise CheckpointError(f"checkpoint {where!r} cannot be loaded; the files are left as they were")
+        if distributed.lost_contact(e):
+            raise
+        failed = _one_line(e)
+    failed = _first_failure(distributed.all_gather_object(failed))
+    if failed is not None:
+        raise CheckpointLoadError(f"checkpoint {where!r} cannot be loaded ({failed})")
     if rng is not None:
         _set_rng_state(rng)
     return client.get("run", {})

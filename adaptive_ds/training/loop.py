@@ -115,7 +115,7 @@ class Trainer:
         self.clock, self.hooks = clock, hooks or TrainerHooks()
         # Validate before joining the process group: bad input should cost nothing and touch nothing.
         settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
-        distributed.init_distributed()
+        distributed.init_distributed(settings.collective_timeout_s)
         self.rank, self.world = distributed.rank(), distributed.world_size()
         _prepare_device(settings, ds_config)
         seq_len = PRESETS[settings.preset].seq_len
@@ -137,6 +137,7 @@ class Trainer:
         torch.manual_seed(settings.seed)
         self.engine = build_engine(AdaptiveDSForCausalLM(self.config), ds_config, settings.warmup_steps,
                                    settings.max_steps, settings.min_lr_ratio, settings.compile)
+        distributed.bound_collectives(settings.collective_timeout_s)  # DeepSpeed's own process groups too
         self.base_lrs = list(self.engine.lr_scheduler.base_lrs)  # the schedule's peaks, before any knob
         self._build_components(hub_api)
 
@@ -198,10 +199,11 @@ class Trainer:
         return {"step": step, "data_steps": self.data_steps, "loss": loss, "identity": self.identity,
                 "controller": self.controller.state_dict()}
 
-    def _resume(self) -> None:
-        """Continue from `resume_tag`: engine, optimizer, schedule and RNG from DeepSpeed's files, the controller
-        and data position from run.json; metrics recorded after the checkpoint are marked abandoned."""
-        saved = checkpoint.resume(self.engine, self.output_dir, self.resume_tag, self.identity)
+    def _resume(self, tag: str) -> None:
+        """Continue from `tag`: engine, optimizer, schedule and RNG from DeepSpeed's files, the controller and data
+        position from run.json; metrics recorded after the checkpoint are marked abandoned."""
+        self.resume_tag = tag
+        saved = checkpoint.resume(self.engine, self.output_dir, tag, self.identity)
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
         self.controller.load_state_dict(saved["controller"])
         if saved["identity"]["world_size"] != self.world:  # the saved split was for the old number of ranks
@@ -288,8 +290,8 @@ class Trainer:
     def run(self) -> dict:
         clock, settings = self.clock, self.settings
         with clock.phase("checkpoint"):
-            if self.resume_tag:
-                self._resume()
+            if self.resume_tag:  # a checkpoint DeepSpeed cannot load is set aside for the previous one
+                checkpoint.restore_newest(self.output_dir, self.resume_tag, self._resume)
             else:  # a start, or a start over after an attempt that saved nothing: no earlier record stands
                 self.metrics.rewind(0, "the run started over before its first checkpoint")
         counts = parameter_counts(self.config)
@@ -367,6 +369,7 @@ class Trainer:
         with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
             while step < settings.max_steps:
                 step += 1
+                distributed.progress.step = step  # for the one line printed if a process is lost
                 self.apply(step)
                 self.hooks.before_step(self, step)
                 with clock.phase("data"):
@@ -392,8 +395,7 @@ class Trainer:
                         break
                 if self.checkpointer.due(step, settings.max_steps) and controller.healthy:
                     with clock.phase("checkpoint"):
-                        self.checkpointer.save(self.engine, step, self.state_dict(step, loss), self.data.tokenizer)
-                        self._push_checkpoint(step, loss)
+                        self._save(step, loss)
         bar.close()
         return step, train_loss
 
@@ -423,6 +425,17 @@ class Trainer:
         self.window.reset()
         window.restart()
         return record["loss"], verdict
+
+    def _save(self, step: int, loss: float) -> None:
+        """A periodic checkpoint; one that cannot be written (a full disk) costs a warning, not the run: the
+        previous checkpoint stays the latest, and the next boundary tries again."""
+        try:
+            self.checkpointer.save(self.engine, step, self.state_dict(step, loss), self.data.tokenizer)
+        except checkpoint.CheckpointSaveError as error:
+            logger.warning("%s; training goes on", error)
+            self.checkpointer.pending = False
+            return
+        self._push_checkpoint(step, loss)
 
     def _push_checkpoint(self, step: int, loss: float) -> None:
         if not (self.settings.push_to_hub and self.settings.push_every_save):

@@ -56,6 +56,8 @@ def prepare_output_dir(settings: RunSettings, identity: dict) -> tuple[str, str 
     dist.barrier()  # every rank has checked before rank 0 creates it
     if distributed.rank() == 0:
         os.makedirs(path, exist_ok=True)
+    if tag is not None:
+        tag = checkpoint.resume_candidate(path)  # verified; a corrupt newest one is set aside for the previous
     return path, tag
 
 
