@@ -223,8 +223,10 @@ def test_out_of_memory_mid_accumulation_halves_the_micro_batch_and_keeps_the_glo
     metrics = _jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]  # the failed step was retried, nothing lost
     assert [(m["micro_batch"], m["accumulation"]) for m in metrics] == [(4, 2)] * 2 + [(2, 4)] * 4
-    # tokens/s counts the step's rows, whatever the split
-    assert all(m["tokens_per_s"] > 0 for m in metrics) and summary["tokens_seen"] == 6 * 8 * 256
+    # tokens/s counts each step's rows once, whatever the split: 8 rows x 256 tokens per step over the window's
+    # data and train seconds (one step a window here), also for the step that was split again
+    assert all(m["tokens_per_s"] * m["window_s"] == pytest.approx(8 * 256, rel=1e-6) for m in metrics)
+    assert summary["tokens_seen"] == 6 * 8 * 256
     run = json.loads((out / "checkpoints" / "step00000006" / "run.json").read_text())
     assert run["controller"]["knobs"]["micro_batch"] == 2  # a resumed run starts from the knobs that worked
 
@@ -277,6 +279,23 @@ def test_poor_moe_balance_raises_the_aux_coefficient_in_the_model(tmp_path):
     assert [d["knobs"]["aux_coef"] for d in raised] == [0.02, 0.04]
     final = json.loads((out / "final" / "config.json").read_text())
     assert final["router_aux_loss_coef"] == 0.04
+
+
+def test_a_raised_aux_coefficient_returns_to_the_configured_one_in_the_model(tmp_path):
+    # The first run raises the coefficient (balance never good enough) and saves it in its knobs; the resumed run
+    # finds balance good and must lower it back to the ds_config's 0.01, captured when the run was built, not to
+    # the raised value the model's config holds by then.
+    out = tmp_path / "run"
+    raise_it = {"balance_threshold": 0.9999, "balance_windows": 1, "aux_coef_max": 0.04}
+    train(["--ds_config", _config(tmp_path, controller=raise_it, max_steps=2), "--arch", "moe",
+           "--output_dir", str(out)])
+    assert json.loads((out / "final" / "config.json").read_text())["router_aux_loss_coef"] == 0.04
+    train(["--ds_config", _config(tmp_path, controller={"balance_threshold": 0.0}, max_steps=5), "--arch", "moe",
+           "--output_dir", str(out)])
+    lowered = [d["knobs"]["aux_coef"] for d in _jsonl(out / "decisions.jsonl")
+               if d["action"] == "lower the aux-loss coefficient"]
+    assert lowered == [0.02, 0.01]
+    assert json.loads((out / "final" / "config.json").read_text())["router_aux_loss_coef"] == 0.01
 
 
 def test_mod_capacity_moves_toward_a_flops_target_in_the_model(tmp_path):

@@ -221,15 +221,14 @@ class Controller:
             self._decide(report.step, {"overflow_steps_in_a_row": self.overflow_run}, "stop")
             return Verdict(Action.STOP, f"{self.overflow_run} fp16 overflow steps in a row; use bf16, lower the "
                            "learning rate or set a lower initial_scale_power", failed=True)
+        loss = report.loss
+        self.nonfinite = 0 if math.isfinite(loss) else self.nonfinite + 1  # counted even with the rule off: health
         if not self.settings.spike:
             return CONTINUE
-        loss = report.loss
-        if not math.isfinite(loss):
-            self.nonfinite += 1
+        if self.nonfinite:
             if self.nonfinite >= self.settings.nonfinite_steps:
                 return self._roll_back(report.step, {"non_finite_steps": self.nonfinite, "loss": str(loss)})
             return CONTINUE
-        self.nonfinite = 0
         window = self.losses[-self.settings.spike_window:]
         if len(window) >= self.settings.spike_window:
             mean = sum(window) / len(window)

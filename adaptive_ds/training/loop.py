@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -204,6 +205,8 @@ class Trainer:
         position from run.json; metrics recorded after the checkpoint are marked abandoned."""
         self.resume_tag = tag
         saved = checkpoint.resume(self.engine, self.output_dir, tag, self.identity)
+        # The checkpoints this run writes (and rolls back to) are in its own layout, not the universal format.
+        self.engine._config.load_universal_checkpoint = False
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
         self.controller.load_state_dict(saved["controller"])
         if saved["identity"]["world_size"] != self.world:  # the saved split was for the old number of ranks
@@ -218,6 +221,7 @@ class Trainer:
             raise TrainingStopped(f"step {step} needs a rollback but there is no checkpoint yet; set save_steps")
         saved = checkpoint.load(self.engine, self.output_dir, tag)
         self.controller.rolled_back()
+        self.checkpointer.pending = False  # a save postponed before the rollback is owed by steps now undone
         self.applied = None  # the load restored the scheduler's learning rates: apply the knobs again
         back = saved["step"]
         self.metrics.rewind(back, f"rolled back at step {step} to the checkpoint at step {back}")
@@ -261,7 +265,7 @@ class Trainer:
         engine, knobs = self.engine, self.applied
         divisor = targets / (self.world * knobs.accumulation)
         loss = torch.zeros((), device=engine.device)
-        outputs = []
+        routing = []  # each micro-batch's routing statistics (small), counted once the whole step succeeded
         starts = range(0, rows["input_ids"].shape[0], knobs.micro_batch)
         for index, start in enumerate(starts):
             # The loop owns the accumulation boundary: DeepSpeed's own count (micro-steps modulo accumulation)
@@ -277,9 +281,10 @@ class Trainer:
             self._phase = "optimizer step" if engine.is_gradient_accumulation_boundary() else "backward"
             engine.step()
             loss += out.lm_loss.detach()
-            outputs.append(out)
-        for out in outputs:  # only once the whole step succeeded: a retried step counts once
-            self.window.add(out)
+            routing.append(_routing_of(out))
+            del out  # its logits are (micro-batch x seq x vocab): never held across micro-batches
+        for sample in routing:  # only once the whole step succeeded: a retried step counts once
+            self.window.add(sample)
         loss /= knobs.accumulation
         if self.world > 1:
             dist.all_reduce(loss)
@@ -402,7 +407,8 @@ class Trainer:
     def _log_window(self, step: int, window: _Window, validator: Validator, bar) -> tuple[float, Verdict]:
         record = {"step": step, "loss": window.mean_loss(), "lr": self.engine.get_lr()[0],
                   "micro_batch": self.applied.micro_batch, "accumulation": self.applied.accumulation,
-                  "tokens_per_s": window.tokens_per_s(), "tokens_seen": step * self.tokens_per_step,
+                  "tokens_per_s": window.tokens_per_s(), "window_s": window.busy_seconds(),
+                  "tokens_seen": step * self.tokens_per_step,
                   "skipped_steps": self.engine.skipped_steps, "elapsed_s": self.clock.elapsed(),
                   **self.window.summary()}
         if self.config.uses_mod:
@@ -473,8 +479,17 @@ class _Window:
     def mean_loss(self) -> float:
         return sum(self.losses) / len(self.losses)
 
+    def busy_seconds(self) -> float:
+        return self._busy() - self.started
+
     def tokens_per_s(self) -> float:
-        return self.tokens / max(self._busy() - self.started, 1e-9)
+        return self.tokens / max(self.busy_seconds(), 1e-9)
+
+
+def _routing_of(out) -> SimpleNamespace:
+    """The routing statistics of a forward's output, without its logits and hidden states."""
+    fields = ("expert_counts", "expert_dropped", "aux_loss", "z_loss", "mod_routing", "mod_predictor_loss")
+    return SimpleNamespace(**{name: getattr(out, name) for name in fields})
 
 
 def _raise_if_failed(verdict: Verdict) -> None:

@@ -222,21 +222,25 @@ class MetricsWriter:
             self._wandb.log(values, step=record["step"])
 
     def rewind(self, step: int, reason: str) -> int:
-        """Move the records after `step` to abandoned_metrics.jsonl (marked, with `reason`); returns how many."""
+        """Move the records after `step` to abandoned_metrics.jsonl (marked, with `reason`); returns how many.
+
+        Reads the file from its end and truncates it in place, so the cost is the abandoned records', not the run's.
+        """
         if self._file is None:
             return 0
         self._file.close()
-        with open(self.path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-        kept = [r for r in records if r["step"] <= step]
-        abandoned = [{**r, "abandoned": True, "abandoned_because": reason} for r in records if r["step"] > step]
-        if abandoned:
+        cut = _offset_after(self.path, step)
+        with open(self.path, "rb") as f:
+            f.seek(cut)
+            tail = f.read().decode()
+        abandoned = [{**json.loads(line), "abandoned": True, "abandoned_because": reason}
+                     for line in tail.splitlines() if _step_of(line.encode()) is not None]
+        if abandoned:  # the evidence first, then the cut: a crash in between duplicates, never loses, a record
             with open(os.path.join(self.output_dir, ABANDONED_METRICS), "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in abandoned)
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-            os.replace(tmp, self.path)
+                f.flush()
+                os.fsync(f.fileno())
+            os.truncate(self.path, cut)
         self._file = open(self.path, "a")  # closed in close()
         return len(abandoned)
 
@@ -248,6 +252,36 @@ class MetricsWriter:
             self._tensorboard.close()
         if self._wandb:
             self._wandb.finish()
+
+
+def _offset_after(path: str, step: int, chunk: int = 1 << 16) -> int:
+    """The byte offset in a metrics.jsonl (steps increasing) where the records after `step` begin, found by reading
+    from the end in growing windows. A torn last line (a kill mid-write) counts as after every step."""
+    size = os.path.getsize(path)
+    window = chunk
+    with open(path, "rb") as f:
+        while True:
+            start = max(0, size - window)
+            f.seek(start)
+            data = f.read()
+            first = 0 if start == 0 else data.find(b"\n") + 1  # where the window's first whole line begins
+            offsets, cursor = [], first
+            for line in data[first:].split(b"\n") if first or start == 0 else []:
+                offsets.append((cursor, line))
+                cursor += len(line) + 1
+            for offset, line in reversed(offsets):
+                if _step_of(line) is not None and _step_of(line) <= step:
+                    return start + offset + len(line) + 1
+            if start == 0:
+                return 0
+            window *= 2
+
+
+def _step_of(line: bytes) -> int | None:
+    try:
+        return json.loads(line)["step"] if line.strip() else None
+    except json.JSONDecodeError:
+        return None
 
 
 def plot_losses(metrics_path: str, png_path: str, entropy_floor: float | None = None,

@@ -30,6 +30,17 @@ def _saved_identity(path: str) -> dict | None:
         return None
 
 
+def _same_run(saved: dict | None, identity: dict) -> bool:
+    """The same run, perhaps on another number of processes or ep_size (as a checkpoint may be)."""
+    if saved is None:
+        return False
+    try:
+        checkpoint.check_compatible(saved, identity, "", allowed=(*checkpoint.LAYOUT_KEYS, "rows_per_step"))
+    except checkpoint.CheckpointError:
+        return False
+    return True
+
+
 def prepare_output_dir(settings: RunSettings, identity: dict) -> tuple[str, str | None]:
     """The run's directory and the checkpoint to resume (or None); agreed on by every rank, created by rank 0.
 
@@ -44,7 +55,7 @@ def prepare_output_dir(settings: RunSettings, identity: dict) -> tuple[str, str 
     tag = checkpoint.latest_tag(path) if os.path.isdir(path) else None
     if tag is None and os.path.isdir(path) and os.listdir(path):
         foreign = sorted(set(os.listdir(path)) - OWN_FILES)
-        if foreign or _saved_identity(path) != identity:
+        if foreign or not _same_run(_saved_identity(path), identity):
             what = f"files of something else ({', '.join(foreign[:5])})" if foreign else "another run's files"
             raise ConfigError(f"output_dir {path!r} holds {what} but no checkpoint; pass a new or empty "
                               "--output_dir")

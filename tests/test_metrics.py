@@ -1,0 +1,36 @@
+"""metrics.jsonl: one record per step, abandoned records kept apart, rewinds that cost what they move."""
+
+import json
+
+from adaptive_ds.training.metrics import MetricsWriter
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_rewind_moves_the_later_records_apart_and_keeps_one_record_per_step(tmp_path):
+    writer = MetricsWriter(str(tmp_path))
+    for step in range(1, 3001):  # ~100 KB: more than one window of the backward scan
+        writer.write({"step": step, "loss": 1.0 / step})
+    assert writer.rewind(2990, "rolled back") == 10
+    writer.write({"step": 2991, "loss": 0.5})
+    writer.close()
+    assert [r["step"] for r in _records(tmp_path / "metrics.jsonl")] == list(range(1, 2992))
+    abandoned = _records(tmp_path / "abandoned_metrics.jsonl")
+    assert [r["step"] for r in abandoned] == list(range(2991, 3001))
+    assert all(r["abandoned"] and r["abandoned_because"] == "rolled back" for r in abandoned)
+    assert abandoned[0]["loss"] == 1.0 / 2991  # the original record, not the new one
+
+
+def test_a_torn_last_line_is_set_aside_and_a_rewind_to_zero_empties_the_file(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"ste')  # killed mid-write
+    writer = MetricsWriter(str(tmp_path))
+    assert writer.rewind(1, "resumed") == 1
+    writer.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    writer = MetricsWriter(str(tmp_path))
+    assert writer.rewind(0, "started over") == 1
+    writer.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert [r["step"] for r in _records(tmp_path / "abandoned_metrics.jsonl")] == [2, 1]
