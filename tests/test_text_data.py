@@ -42,7 +42,7 @@ def test_every_format_streams_its_documents(tmp_path, fmt):
 
 
 def test_missing_text_field_is_named(tmp_path):
-    with pytest.raises(ValueError, match="no field 'text'; fields: content"):
+    with pytest.raises(ValueError, match="no field 'text' in its first record"):
         next(open_documents(_write(tmp_path, "jsonl")))
 
 

@@ -12,8 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field, fields
 
-from ..data import EMBEDDED
-from ..data.text import local_files, looks_like_path
+from ..data import EMBEDDED, source_problems
 from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
 from ..presets import PRESETS
 from .controller import controller_settings
@@ -28,7 +27,8 @@ class RunSettings:
 
     preset: str = "debug"
     arch: str = "dense"
-    data: str = EMBEDDED  # "embedded", local files (.jsonl, .json.gz, .parquet, .txt; a glob or folder) or a Hub name
+    data: str = EMBEDDED  # "embedded", a prepared directory, "0.7:DIR_A,0.3:DIR_B", local files or a Hub name
+    data_workers: int = 1  # DataLoader worker processes that make batches ahead of the loop (0: in the loop)
     data_config: str | None = None  # Hub dataset config, e.g. "en" for allenai/c4
     text_field: str = "text"
     tokenizer: str = "bpe:8192"  # text data: "bpe:N" trains a byte-level BPE offline, else a name or path
@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "launch`: the deepspeed_config_file of its config)")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)}")
     p.add_argument("--arch", help=f"one of {', '.join(ARCHITECTURES)}")
-    p.add_argument("--data", help=f"'{EMBEDDED}' (the built-in corpus), local files or a Hub dataset name")
+    p.add_argument("--data", help=f"'{EMBEDDED}' (the built-in corpus), a prepared directory (python -m "
+                   "adaptive_ds.data.prepare), a mixture 0.7:DIR_A,0.3:DIR_B, or files or a Hub dataset to stream")
+    p.add_argument("--data_workers", type=int, help="DataLoader worker processes (0: batches made in the loop)")
     p.add_argument("--data_config", help="Hub dataset config (e.g. en for allenai/c4)")
     p.add_argument("--tokenizer", help="bpe:N (trained on the data, offline) or a tokenizer name or path")
     p.add_argument("--tokens", help="token budget: a number or 'chinchilla' (20 x total parameters)")
@@ -126,9 +128,7 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
         problems.append(f"unknown preset {settings.preset!r}; valid choices: {', '.join(PRESETS)}")
     if settings.arch not in ARCHITECTURES:
         problems.append(f"unknown arch {settings.arch!r}; valid choices: {', '.join(ARCHITECTURES)}")
-    if settings.data != EMBEDDED and looks_like_path(settings.data) and not local_files(settings.data):
-        problems.append(f"data path {settings.data!r} does not exist; valid choices: '{EMBEDDED}', existing local "
-                        "files or a Hub dataset name")
+    problems += source_problems(settings.data)
     if settings.tokens is not None and settings.tokens != "chinchilla" and not str(settings.tokens).isdigit():
         problems.append(f"tokens {settings.tokens!r} is not a whole number or 'chinchilla'")
     if settings.report_to not in ("none", "tensorboard", "wandb"):
@@ -138,7 +138,7 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     for name in ("max_steps", "log_steps", "eval_batches", "keep_last"):
         if getattr(settings, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(settings, name)}")
-    for name in ("warmup_steps", "eval_steps", "save_steps", "mod_capacity_warmup_steps"):
+    for name in ("data_workers", "warmup_steps", "eval_steps", "save_steps", "mod_capacity_warmup_steps"):
         if getattr(settings, name) < 0:
             problems.append(f"{name} must be >= 0, got {getattr(settings, name)}")
     if settings.gpu_memory_gib is not None and settings.gpu_memory_gib <= 0:
@@ -201,7 +201,7 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
     for name in ("preset", "arch", "data", "max_steps", "output_dir", "seed", "eval_steps", "save_steps", "keep_last",
                  "resume", "data_config", "tokenizer", "tokens", "epochs", "report_to", "push_to_hub",
-                 "push_every_save", "micro_batch", "gpu_memory_gib", "compile", "warmup_steps"):
+                 "push_every_save", "micro_batch", "gpu_memory_gib", "compile", "warmup_steps", "data_workers"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

@@ -86,8 +86,11 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, tokenizer) -> str:
+def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, tokenizer,
+         data_state: dict | None = None) -> str:
     """Save a checkpoint at `step` (collective), then point `latest` at it and prune to `keep_last`.
+
+    `data_state`: this rank's data position beyond the step count (a streamed source's), as `data_rank{r}.json`.
 
     The tokenizer is saved beside DeepSpeed's files, so `python -m adaptive_ds.export` needs nothing else.
     """
@@ -101,6 +104,8 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, to
     engine.save_checkpoint(root, tag=tag, client_state=client_state, save_latest=False)
     rank = distributed.rank()
     torch.save(_rng_state(), os.path.join(root, tag, f"rng_rank{rank}.pt"))
+    if data_state is not None:
+        _write_atomic(os.path.join(root, tag, f"data_rank{rank}.json"), json.dumps(data_state))
     dist.barrier()  # every rank's files are on disk
     if rank == 0:
         tokenizer.save_pretrained(os.path.join(root, tag, "tokenizer"))
@@ -130,6 +135,15 @@ def read_run_state(output_dir: str, tag: str) -> dict:
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {os.path.dirname(path)!r} is incomplete or corrupt ({e}); "
                               "remove it or point 'latest' at an earlier checkpoint") from None
+
+
+def read_data_state(output_dir: str, tag: str, rank: int) -> dict | None:
+    """Rank `rank`'s data position saved with checkpoint `tag` (None when its source needs none)."""
+    path = os.path.join(checkpoint_root(output_dir), tag, f"data_rank{rank}.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def check_compatible(saved: dict, current: dict, where: str) -> None:
@@ -248,7 +262,7 @@ class Checkpointer:
             self.pending = True
         return self.pending
 
-    def save(self, engine, step: int, run_state: dict, tokenizer) -> None:
-        save(engine, self.output_dir, step, run_state, self.keep_last, tokenizer)
+    def save(self, engine, step: int, run_state: dict, tokenizer, data_state: dict | None = None) -> None:
+        save(engine, self.output_dir, step, run_state, self.keep_last, tokenizer, data_state)
         self.pending = False
         self.last_saved = step

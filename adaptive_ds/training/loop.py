@@ -101,12 +101,13 @@ class Trainer:
         self.rows_per_step = rows_per_rank * self.world  # the global batch, constant whatever the split
         self.tokens_per_step = self.rows_per_step * seq_len
         with clock.phase("data"):
-            epoch_blocks = None
+            epoch_blocks = None  # global blocks per epoch: the same subset whatever the number of processes
             if settings.tokens not in (None, "chinchilla") and settings.epochs > 1:
-                epoch_blocks = -(-int(settings.tokens) // (settings.epochs * self.world * seq_len))
+                epoch_blocks = -(-int(settings.tokens) // (settings.epochs * seq_len))
             self.data = build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
                                             text_field=settings.text_field, hub_config=settings.data_config,
-                                            validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
+                                            validation_share=settings.validation_share, epoch_blocks=epoch_blocks,
+                                            workers=settings.data_workers)
         tok = self.data.tokenizer
         self.config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                                    pad_token_id=tok.pad_token_id, **settings.model)
@@ -182,6 +183,7 @@ class Trainer:
         and data position from run.json; metrics recorded after the checkpoint are marked abandoned."""
         saved = checkpoint.resume(self.engine, self.output_dir, self.resume_tag, self.identity)
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
+        self.data.load_state_dict(checkpoint.read_data_state(self.output_dir, self.resume_tag, self.rank))
         self.controller.load_state_dict(saved["controller"])
         if saved["identity"]["world_size"] != self.world:
             self.controller.resplit(self.rows_per_step // self.world)
@@ -283,7 +285,7 @@ class Trainer:
                 logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
             elif self.checkpointer.last_saved != last_step and last_step > self.start_step:
                 self.checkpointer.save(self.engine, last_step, self.state_dict(last_step, train_loss),
-                                       self.data.tokenizer)
+                                       self.data.tokenizer, self.data.state_dict())
             save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
                        is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
         summary.update(self._summary_facts(summary, last_step, counts))
@@ -305,7 +307,7 @@ class Trainer:
             total_parameters=counts.total, active_parameters=counts.active, compiled=self.engine.is_compiled,
             wall_time_s=breakdown["total"], time_breakdown_s=breakdown,
             training_tokens_per_s=trained_tokens / breakdown["train"] if breakdown["train"] else None,
-            peak_memory=peak_memory(),
+            peak_memory=peak_memory(), **self.data.summary(),
         )
         stats = self.data.statistics
         if stats:
@@ -360,7 +362,8 @@ class Trainer:
                         break
                 if self.checkpointer.due(step, settings.max_steps) and controller.healthy:
                     with clock.phase("checkpoint"):
-                        self.checkpointer.save(self.engine, step, self.state_dict(step, loss), self.data.tokenizer)
+                        self.checkpointer.save(self.engine, step, self.state_dict(step, loss), self.data.tokenizer,
+                                               self.data.state_dict())
                         self._push_checkpoint(step, loss)
         bar.close()
         return step, train_loss
