@@ -76,14 +76,14 @@ class TrainingData:
         """The same held-out batches on every rank and every call (fewer if the held-out data is smaller)."""
         return list(itertools.islice(self._batches(self.validation_blocks(), batch_size), num_batches))
 
-    def loader(self, dataset, sampler=None) -> DataLoader:
+    def loader(self, dataset, sampler=None, collate_fn=None) -> DataLoader:
         """A DataLoader of whole per-rank steps (batch_size None): workers, prefetch, pinned memory on CUDA."""
         workers = self.workers
         if workers:  # forked workers tokenize in one thread each (and tokenizers warns otherwise)
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=workers,
                           prefetch_factor=PREFETCH_STEPS if workers else None, pin_memory=torch.cuda.is_available(),
-                          multiprocessing_context="fork" if workers else None)
+                          multiprocessing_context="fork" if workers else None, collate_fn=collate_fn)
 
 
 class _Steps(Dataset):

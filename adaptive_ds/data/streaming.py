@@ -50,18 +50,20 @@ class _Windows(IterableDataset):
         epoch, window, stream_state = self.start["epoch"], self.start["window"], self.start["stream_state"]
         while True:  # epochs
             stream = split_dataset_by_node(self.data.rows(), self.rank, self.world_size)
-            if stream_state is not None:
+            resumed, epoch_start = stream_state is not None, window
+            if resumed:
                 stream.load_state_dict(stream_state)
-            rows = iter(stream)
-            while True:
-                chunk = list(itertools.islice(rows, self.data.window_docs))
-                if not chunk:
-                    break
+            # `iter(batch_size)`, not `iter(stream)`: the latter would deal the stream's shards to the DataLoader
+            # workers, and every worker here reads the whole rank stream (making only its own windows)
+            for columns in stream.iter(batch_size=self.data.window_docs):
+                chunk = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
                 if (window - self.start["window"]) % workers == worker:
                     yield {"epoch": epoch, "window": window, "stream_state": stream_state,
                            **self.data.pack(chunk, self.rank, window)}
                 window += 1
                 stream_state = stream.state_dict()  # the next window's first record
+            if window == epoch_start and not resumed:  # else every worker would loop here forever
+                raise ValueError(f"data {self.data.source!r} has no records for rank {self.rank} of {self.world_size}")
             epoch, stream_state = epoch + 1, None
 
 
@@ -77,11 +79,13 @@ class StreamingData(TrainingData):
                              "corpus (python -m adaptive_ds.data.prepare) and pass --data DIR")
         self.source, self.text_field, self.hub_config = source, text_field, hub_config
         self.validation_share, self.window_docs = validation_share, window_docs
+        # Built here, once: a `datasets` builder takes a file lock, which a forked DataLoader worker may find held
+        self._rows = document_rows(source, text_field, hub_config)
         self._start: dict | None = None  # a loaded position
         self._position: dict | None = None  # after the last block yielded
 
     def rows(self):
-        return document_rows(self.source, self.text_field, self.hub_config)
+        return self._rows
 
     def _texts(self, rows: list[dict], skipped: Counter, split: str) -> list[str]:
         texts = [checked_text(row, self.text_field, skipped) for row in rows]
@@ -126,7 +130,9 @@ class StreamingData(TrainingData):
         per_rank = rows_per_step // world_size
         rows: list[np.ndarray] = []
         skip = start["offset"]
-        for item in self.loader(_Windows(self, rank, world_size, start)):
+        # items stay numpy (pickled through the worker queue): a window's many blocks as tensors would each need
+        # a shared-memory file descriptor
+        for item in self.loader(_Windows(self, rank, world_size, start), collate_fn=_as_is):
             self.skipped.update(item["skipped"])
             for offset, block in enumerate(item["blocks"][skip:], skip):
                 rows.append(block)
@@ -137,6 +143,10 @@ class StreamingData(TrainingData):
                     yield self._batch(rows)
                     rows = []
             skip = 0
+
+
+def _as_is(item: dict) -> dict:
+    return item
 
 
 def _chunks(rows: Iterator[dict], size: int) -> Iterator[list[dict]]:

@@ -73,7 +73,10 @@ def _json_line(raw: bytes, text_field: str) -> tuple[str, str]:
     return record[text_field], ""
 
 
-def _json_lines_rows(files: list[str], text_field: str) -> Iterator[dict]:
+_CORRUPT = (EOFError, OSError, zlib.error)  # a truncated or damaged gzip stream
+
+
+def _json_lines_rows(files: list[str], text_field: str, corrupt: tuple = _CORRUPT) -> Iterator[dict]:
     """Rows {text_field, SKIP} of JSON lines files, one record at a time (a `datasets` generator: `files` are
     its shards). A truncated or corrupt gzip stream ends its file with one `truncated_file` row."""
     for path in files:
@@ -84,7 +87,7 @@ def _json_lines_rows(files: list[str], text_field: str) -> Iterator[dict]:
                     if raw.strip():
                         text, skip = _json_line(raw, text_field)
                         yield {text_field: text, SKIP: skip}
-            except (EOFError, OSError, zlib.error) as e:
+            except corrupt as e:  # bound as an argument: still there when the generator is closed at exit
                 logger.warning("data file %s is truncated or corrupt (%s): its remaining records are skipped",
                                path, e)
                 yield {text_field: "", SKIP: "truncated_file"}
