@@ -76,13 +76,13 @@ class TrainingData:
         """The same held-out batches on every rank and every call (fewer if the held-out data is smaller)."""
         return list(itertools.islice(self._batches(self.validation_blocks(), batch_size), num_batches))
 
-    def loader(self, dataset, sampler=None, collate_fn=None) -> DataLoader:
-        """A DataLoader of whole per-rank steps (batch_size None): workers, prefetch, pinned memory on CUDA."""
+    def loader(self, dataset, sampler, collate_fn) -> DataLoader:
+        """A DataLoader of whole per-rank steps (batch_size None), made by worker processes ahead of the loop."""
         workers = self.workers
         if workers:  # forked workers tokenize in one thread each (and tokenizers warns otherwise)
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=workers,
-                          prefetch_factor=PREFETCH_STEPS if workers else None, pin_memory=torch.cuda.is_available(),
+                          prefetch_factor=PREFETCH_STEPS if workers else None,
                           multiprocessing_context="fork" if workers else None, collate_fn=collate_fn)
 
 
@@ -94,9 +94,21 @@ class _Steps(Dataset):
             raise ValueError(f"{rows_per_step} rows per step do not split over {world_size} ranks")
         self.data, self.rows_per_step, self.per_rank, self.rank = data, rows_per_step, rows_per_step // world_size, rank
 
-    def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, step: int) -> dict[str, np.ndarray]:
         start = step * self.rows_per_step + self.rank * self.per_rank
-        return self.data._batch([self.data.sample(g) for g in range(start, start + self.per_rank)])
+        batch = self.data._batch([self.data.sample(g) for g in range(start, start + self.per_rank)])
+        return {k: v.numpy() for k, v in batch.items()}
+
+
+def _as_is(item):
+    return item
+
+
+def _tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Steps cross from the workers as numpy arrays, pickled through the queue (a few hundred kB): faster than
+    tensors, which each need a shared-memory file descriptor. Pinned here on CUDA, for non-blocking copies."""
+    tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
+    return {k: v.pin_memory() for k, v in tensors.items()} if torch.cuda.is_available() else tensors
 
 
 class IndexedData(TrainingData):
@@ -108,9 +120,9 @@ class IndexedData(TrainingData):
     def step_batches(self, first_step: int, rows_per_step: int, rank: int = 0,
                      world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
         steps = _Steps(self, rows_per_step, rank, world_size)
-        for step, batch in enumerate(self.loader(steps, itertools.count(first_step)), first_step):
+        for step, batch in enumerate(self.loader(steps, itertools.count(first_step), _as_is), first_step):
             self.samples_read = (step + 1) * rows_per_step
-            yield batch
+            yield _tensors(batch)
 
 
 class EmbeddedData(IndexedData):

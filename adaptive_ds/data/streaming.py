@@ -30,7 +30,7 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import TrainingData
+from . import TrainingData, _tensors
 from .text import checked_text, document_rows, is_validation
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class StreamingData(TrainingData):
         skip = start["offset"]
         # items stay numpy (pickled through the worker queue): a window's many blocks as tensors would each need
         # a shared-memory file descriptor
-        for item in self.loader(_Windows(self, rank, world_size, start), collate_fn=_as_is):
+        for item in self.loader(_Windows(self, rank, world_size, start), None, _as_is):
             self.skipped.update(item["skipped"])
             for offset, block in enumerate(item["blocks"][skip:], skip):
                 rows.append(block)
@@ -140,7 +140,7 @@ class StreamingData(TrainingData):
                     self._position = {"epoch": item["epoch"], "window": item["window"],
                                       "stream_state": item["stream_state"], "offset": offset + 1,
                                       "world_size": world_size}
-                    yield self._batch(rows)
+                    yield _tensors({k: v.numpy() for k, v in self._batch(rows).items()})
                     rows = []
             skip = 0
 
