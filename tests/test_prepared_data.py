@@ -5,6 +5,7 @@ ranks, mixtures, and clear refusals of directories that do not match their manif
 import gzip
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -161,3 +162,88 @@ def test_training_from_prepared_shards_writes_the_contract(tmp_path):
     assert summary["data_skipped"] == {}
     with pytest.raises(ValueError, match="prepared for seq_len 256, this run's preset has 128"):
         PreparedData([(1.0, out)], 128, 0)
+
+
+def test_bad_records_are_skipped_and_counted_and_a_truncated_file_ends_early(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    good = [d for d in DOCS[:40]]
+    with gzip.open(corpus / "c4-train.00000-of-00002.json.gz", "wb") as f:
+        f.write(b"".join(json.dumps({"text": d}).encode() + b"\n" for d in good[:20]))
+        f.write(b'{"text": ""}\n{"text": "bad \xff\xfe bytes"}\n{"url": "no text"}\n{not json\n')
+    whole = gzip.compress(b"".join(json.dumps({"text": d}).encode() + b"\n" for d in good[20:]))
+    (corpus / "c4-train.00001-of-00002.json.gz").write_bytes(whole[: len(whole) // 2])  # cut mid-stream
+    out = str(tmp_path / "prep")
+    manifest = prepare(PrepareArguments(str(corpus), "bpe:300", validation_share=0.1), out, workers=1)
+    assert manifest["skipped"] == {"empty": 1, "invalid_utf8": 1, "missing_field": 1, "not_json": 1,
+                                   "truncated_file": 1}
+    documents = manifest["train"]["documents"] + manifest["validation"]["documents"]
+    assert 20 < documents < 40  # the first file whole, the truncated one up to where it breaks
+    tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
+    text = tok.decode(np.fromfile(os.path.join(out, "train_00000.bin"), dtype=np.uint16).tolist())
+    assert [d for d in good if d in text] == [d for d in good[:documents] if not is_validation(d, 1234, 0.1)]
+    assert build_training_data(out, 4, 0).summary()["data_skipped"] == manifest["skipped"]
+
+
+def test_resuming_deep_takes_as_long_as_resuming_early(tmp_path):
+    import time
+
+    data = build_training_data(prepared(tmp_path), 16, seed=0, workers=1)
+    seconds = {}
+    for step in (10, 10**7, 10, 10**7):  # twice each: the second of a pair is the one kept
+        started = time.perf_counter()
+        next(data.step_batches(step, 8))
+        seconds[step] = time.perf_counter() - started
+    assert seconds[10**7] < 3 * seconds[10] + 0.2, seconds
+
+
+def _continued_losses(tmp_path, name, data, command=(), **block):
+    """Step losses of 8 steps run in one go, and of 4 steps then a restart that continues to 8."""
+    from conftest import run_command
+    from test_checkpoint import _losses
+
+    losses = {}
+    for run, steps in (("whole", [8]), ("resumed", [4, 8])):
+        out = tmp_path / f"{name}-{run}"
+        for max_steps in steps:
+            config = write_ds_config(tmp_path, data=data, max_steps=max_steps, save_steps=0, log_steps=1,
+                                     warmup_steps=2, **block)
+            args = ["--ds_config", config, "--output_dir", str(out)]
+            if command:
+                result = run_command([*command, "launchers/train.py", *args])
+                assert result.returncode == 0, result.stderr[-3000:]
+            else:
+                train(args)
+        losses[run] = _losses(out)
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["prepared", "streamed", "embedded"])
+def test_a_resumed_run_logs_the_same_losses_as_an_uninterrupted_one(tmp_path, source):
+    data = {"prepared": lambda: prepared(tmp_path, seq_len=256), "embedded": lambda: "embedded",
+            "streamed": lambda: write_c4(tmp_path / "c.json.gz", DOCS * 5)}[source]()
+    losses = _continued_losses(tmp_path, source, data, tokenizer="bpe:320")
+    assert [losses["resumed"][s] for s in range(1, 9)] == pytest.approx(
+        [losses["whole"][s] for s in range(1, 9)], rel=1e-6, abs=0)
+
+
+@pytest.mark.slow
+def test_prepared_data_trains_the_same_on_one_and_two_processes_and_across_a_resume(tmp_path):
+    # Global samples define each step: 2 processes x 1 row, 1 process x 2 rows and a 2-process run resumed on 1
+    # process train on the same tokens (the step-level loss normalisation makes the losses agree to rounding).
+    data = prepared(tmp_path, seq_len=256)
+    from conftest import run_command
+    from test_checkpoint import _losses
+
+    one = _continued_losses(tmp_path, "one", data)["whole"]
+    config = write_ds_config(tmp_path, micro=1, data=data, max_steps=4, save_steps=0, log_steps=1, warmup_steps=2)
+    out = tmp_path / "two-then-one"
+    result = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config", config,
+                          "--output_dir", str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_command([sys.executable, "launchers/train.py", "--ds_config", config, "--output_dir", str(out),
+                          "--max_steps", "8"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    mixed = _losses(out)
+    assert [mixed[s] for s in range(1, 9)] == pytest.approx([one[s] for s in range(1, 9)], rel=2e-5)
