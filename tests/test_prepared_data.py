@@ -5,6 +5,7 @@ ranks, mixtures, and clear refusals of directories that do not match their manif
 import gzip
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -198,23 +199,24 @@ def test_resuming_deep_takes_as_long_as_resuming_early(tmp_path):
 
 
 def _continued_losses(tmp_path, name, data, command=(), **block):
-    """Step losses of 8 steps run in one go, and of 4 steps then a restart that continues to 8."""
+    """Step losses of an 8-step run, then of the same run resumed from its step-4 checkpoint (the step-8 one
+    removed, as if the run had been killed before it)."""
     from conftest import run_command
     from test_checkpoint import _losses
 
+    out = tmp_path / name
+    config = write_ds_config(tmp_path, data=data, max_steps=8, save_steps=4, log_steps=1, warmup_steps=2, **block)
+    args = ["--ds_config", config, "--output_dir", str(out)]
     losses = {}
-    for run, steps in (("whole", [8]), ("resumed", [4, 8])):
-        out = tmp_path / f"{name}-{run}"
-        for max_steps in steps:
-            config = write_ds_config(tmp_path, data=data, max_steps=max_steps, save_steps=0, log_steps=1,
-                                     warmup_steps=2, **block)
-            args = ["--ds_config", config, "--output_dir", str(out)]
-            if command:
-                result = run_command([*command, "launchers/train.py", *args])
-                assert result.returncode == 0, result.stderr[-3000:]
-            else:
-                train(args)
+    for run in ("whole", "resumed"):
+        if command:
+            result = run_command([*command, "launchers/train.py", *args])
+            assert result.returncode == 0, result.stderr[-3000:]
+        else:
+            train(args)
         losses[run] = _losses(out)
+        shutil.rmtree(out / "checkpoints" / "step00000008")
+        (out / "checkpoints" / "latest").write_text("step00000004")
     return losses
 
 
@@ -224,8 +226,9 @@ def test_a_resumed_run_logs_the_same_losses_as_an_uninterrupted_one(tmp_path, so
     data = {"prepared": lambda: prepared(tmp_path, seq_len=256), "embedded": lambda: "embedded",
             "streamed": lambda: write_c4(tmp_path / "c.json.gz", DOCS * 5)}[source]()
     losses = _continued_losses(tmp_path, source, data, tokenizer="bpe:320")
-    assert [losses["resumed"][s] for s in range(1, 9)] == pytest.approx(
-        [losses["whole"][s] for s in range(1, 9)], rel=1e-6, abs=0)
+    assert json.loads((tmp_path / source / "summary.json").read_text())["resumed_from_step"] == 4
+    assert [losses["resumed"][s] for s in range(5, 9)] == pytest.approx(
+        [losses["whole"][s] for s in range(5, 9)], rel=1e-6, abs=0)
 
 
 @pytest.mark.slow
@@ -236,14 +239,17 @@ def test_prepared_data_trains_the_same_on_one_and_two_processes_and_across_a_res
     from conftest import run_command
     from test_checkpoint import _losses
 
-    one = _continued_losses(tmp_path, "one", data)["whole"]
-    config = write_ds_config(tmp_path, micro=1, data=data, max_steps=4, save_steps=0, log_steps=1, warmup_steps=2)
+    one = _continued_losses(tmp_path, "one", data)["whole"]  # micro 2 x 1 process
+    config = write_ds_config(tmp_path, micro=1, data=data, max_steps=8, save_steps=4, log_steps=1, warmup_steps=2)
     out = tmp_path / "two-then-one"
     result = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config", config,
                           "--output_dir", str(out)])
     assert result.returncode == 0, result.stderr[-3000:]
-    result = run_command([sys.executable, "launchers/train.py", "--ds_config", config, "--output_dir", str(out),
-                          "--max_steps", "8"])
+    two = _losses(out)
+    assert [two[s] for s in range(1, 9)] == pytest.approx([one[s] for s in range(1, 9)], rel=2e-5)
+    shutil.rmtree(out / "checkpoints" / "step00000008")
+    (out / "checkpoints" / "latest").write_text("step00000004")
+    result = run_command([sys.executable, "launchers/train.py", "--ds_config", config, "--output_dir", str(out)])
     assert result.returncode == 0, result.stderr[-3000:]
-    mixed = _losses(out)
-    assert [mixed[s] for s in range(1, 9)] == pytest.approx([one[s] for s in range(1, 9)], rel=2e-5)
+    resumed = _losses(out)
+    assert [resumed[s] for s in range(5, 9)] == pytest.approx([one[s] for s in range(5, 9)], rel=2e-5)

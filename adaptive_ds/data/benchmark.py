@@ -38,8 +38,7 @@ ROWS = 8  # rows per step in the measurements
 def docstrings(limit_chars: float) -> list[str]:
     """Docstrings of modules, classes and functions under the interpreter's library directories (standard library
     first), until `limit_chars` characters."""
-    roots = sorted({os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(ast.__file__))} |
-                   {p for p in sys.path if p.endswith("site-packages")})
+    roots = [os.path.dirname(os.__file__)] + sorted(p for p in sys.path if p.endswith("site-packages"))
     texts = []
     for root in roots:
         for folder, _, files in sorted(os.walk(root)):
@@ -62,7 +61,7 @@ def docstrings(limit_chars: float) -> list[str]:
 def write_corpus(directory: str, files: int, target_mb: float) -> list[str]:
     """C4-format shards c4-train.0000N-of-0000M.json.gz holding `target_mb` MB of text in all (repeated)."""
     os.makedirs(directory, exist_ok=True)
-    texts, paths, written, index = docstrings(target_mb * 1e6), [], 0, 0
+    texts, paths, written, index = docstrings(min(target_mb, 4.0) * 1e6), [], 0, 0  # repeated up to the target
     per_file = target_mb * 1e6 / files
     for n in range(files):
         path = os.path.join(directory, f"c4-train.{n:05d}-of-{files:05d}.json.gz")
