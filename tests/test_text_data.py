@@ -1,6 +1,7 @@
 """Real corpus formats through `datasets`, an offline BPE tokenizer, and exact epoch coverage per rank."""
 
 import gzip
+import itertools
 import json
 
 import pyarrow as pa
@@ -8,8 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import write_ds_config
 
-from adaptive_ds.data import build_training_data
-from adaptive_ds.data.text import documents_for, open_documents, token_blocks, train_bpe_tokenizer
+from adaptive_ds.data.text import is_validation, open_documents, train_bpe_tokenizer
 from adaptive_ds.training import train
 
 DOCS = [f"doc{i:03d} " + " ".join(["the river runs", "a cat sleeps", "seven plus two"][i % 3] for _ in range(i % 5 + 1))
@@ -42,7 +42,7 @@ def test_every_format_streams_its_documents(tmp_path, fmt):
 
 
 def test_missing_text_field_is_named(tmp_path):
-    with pytest.raises(ValueError, match="no field 'text'; fields: content"):
+    with pytest.raises(ValueError, match="no field 'text' in its first record"):
         next(open_documents(_write(tmp_path, "jsonl")))
 
 
@@ -53,29 +53,71 @@ def test_bpe_tokenizer_is_trained_offline_and_round_trips():
         assert tok.decode(tok(d).input_ids) == d
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_one_epoch_reads_every_training_document_exactly_once(world_size):
-    val = [i for i, _ in documents_for(iter(DOCS), "validation", seed=3, share=0.2)]
-    train_docs = [i for r in range(world_size)
-                  for i, _ in documents_for(iter(DOCS), "train", seed=3, share=0.2, rank=r, world_size=world_size)]
-    assert 0 < len(val) < 30
-    assert sorted(train_docs + val) == list(range(60))  # nothing dropped, nothing repeated, no overlap
-    # and at the token level: the blocks of all ranks hold each training document's marker once
+def _streamed(path, **kwargs):
+    from adaptive_ds.data.streaming import StreamingData
+
     tok = train_bpe_tokenizer(iter(DOCS), vocab_size=400)
-    text = ""
-    for r in range(world_size):
-        docs = documents_for(iter(DOCS), "train", seed=3, share=0.2, rank=r, world_size=world_size)
-        text += "".join(tok.decode(b) for b in token_blocks(docs, tok, seq_len=16))
-    for i in range(60):
-        assert text.count(f"doc{i:03d} ") == (0 if i in val else 1)
+    return StreamingData(path, tok, 16, seed=3, text_field="text", hub_config=None, validation_share=0.2,
+                         **{"window_docs": 7, "workers": 0, **kwargs})
 
 
-def test_epochs_repeat_a_subset(tmp_path):
-    data = build_training_data(_write(tmp_path, "txt"), 16, seed=0, tokenizer="bpe:300", validation_share=0.1,
-                               epoch_blocks=3)
-    blocks = data.train_blocks(0, 1)
-    first, second = [next(blocks) for _ in range(3)], [next(blocks) for _ in range(3)]
-    assert first == second
+def _rows(batches, steps):
+    return [row.tolist() for _ in range(steps) for row in next(batches)["input_ids"]]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_one_epoch_reads_every_training_document_exactly_once(tmp_path, world_size):
+    from adaptive_ds.data.streaming import _Windows
+
+    # Four files: dealt whole to the ranks by split_dataset_by_node, so each rank reads only its own files.
+    for part in range(4):
+        _write_part(tmp_path / f"part{part}.jsonl", DOCS[part::4])
+    data = _streamed(str(tmp_path))
+    start = {"epoch": 0, "window": 0, "stream_state": None}
+    texts = []
+    for rank in range(world_size):
+        windows = itertools.takewhile(lambda item: item["epoch"] == 0, iter(_Windows(data, rank, world_size, start)))
+        texts.append("".join(data.tokenizer.decode(b) for item in windows for b in item["blocks"]))
+    val = "".join(data.tokenizer.decode(b) for b in data.validation_blocks())
+    owners = {}  # file -> the ranks that read its documents
+    for i, doc in enumerate(DOCS):
+        held_out = is_validation(doc, 3, 0.2)
+        assert val.count(f"doc{i:03d} ") == held_out
+        seen = [text.count(f"doc{i:03d} ") for text in texts]
+        assert sum(seen) == (0 if held_out else 1), (i, seen)  # nothing dropped, nothing repeated, no overlap
+        if not held_out:
+            owners.setdefault(i % 4, set()).add(seen.index(1))
+    assert all(len(ranks) == 1 for ranks in owners.values())  # whole files dealt to ranks
+    assert {r for ranks in owners.values() for r in ranks} == set(range(world_size))
+
+
+def _write_part(path, docs):
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_windows_are_shuffled_and_the_same_with_any_number_of_workers(tmp_path, workers):
+    path = _write(tmp_path, "c4")
+    reference = _rows(_streamed(path).step_batches(0, 4), 12)
+    assert _rows(_streamed(path, workers=workers).step_batches(0, 4), 12) == reference
+    unshuffled = _streamed(path, window_docs=1)  # one document per window: the source's order
+    assert _rows(unshuffled.step_batches(0, 4), 12) != reference
+
+
+def test_a_resume_seeks_to_the_saved_position_and_continues_exactly(tmp_path):
+    path = _write(tmp_path, "c4")
+    reference = _rows(_streamed(path).step_batches(0, 4), 20)  # past the end of the first epoch
+    first = _streamed(path, workers=1)
+    batches = first.step_batches(0, 4)
+    assert _rows(batches, 13) == reference[:52]
+    state = json.loads(json.dumps(first.state_dict()))  # as saved in the checkpoint
+    resumed = _streamed(path, workers=2)
+    resumed.load_state_dict(state)
+    assert _rows(resumed.step_batches(13, 4), 7) == reference[52:]
+    moved = _streamed(path)
+    moved.load_state_dict(state)
+    with pytest.raises(ValueError, match="resumes only on its own number of processes"):
+        next(moved.step_batches(13, 4, 0, 2))
 
 
 def test_training_on_local_c4_shards_writes_the_contract(tmp_path):
@@ -87,12 +129,13 @@ def test_training_on_local_c4_shards_writes_the_contract(tmp_path):
     assert (out / "final" / "tokenizer.json").exists()
 
 
-def test_token_budget_sets_the_steps(tmp_path):
+def test_token_budget_sets_the_steps_and_epochs_need_prepared_data(tmp_path):
     path = _write(tmp_path, "txt")
     config = write_ds_config(tmp_path, data=path, tokenizer="bpe:320", tokens="2000")
-    summary = train(["--ds_config", config, "--output_dir", str(tmp_path / "run"),
-                     "--epochs", "2"])
+    summary = train(["--ds_config", config, "--output_dir", str(tmp_path / "run")])
     assert summary["steps"] == 4  # ceil(2000 / (2 x 256))
+    with pytest.raises(ValueError, match="--epochs with a token budget .* needs random access: prepare"):
+        train(["--ds_config", config, "--output_dir", str(tmp_path / "run2"), "--epochs", "2"])
 
 
 def test_a_hub_name_goes_to_the_hub_loader_offline(monkeypatch):

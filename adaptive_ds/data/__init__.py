@@ -1,37 +1,43 @@
-"""Training data: token blocks for each data-parallel rank, and the tokenizer that made them."""
+"""Training data: token blocks for each data-parallel rank, and the tokenizer that made them.
+
+Three sources, one interface (`TrainingData.step_batches`): the embedded corpus and prepared token shards
+(`adaptive_ds.data.prepare`) are indexed (the global batch of step s is global samples [s * rows, (s + 1) * rows)
+and each rank takes its slice, so the tokens of a step do not depend on the number of ranks and a resume is a
+seek); text streamed from files or the Hub (`adaptive_ds.data.streaming`) for corpora too big to prepare. Batches
+come from a `torch.utils.data.DataLoader` with worker processes, prefetch and pinned memory on CUDA.
+"""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import os
+from collections import Counter
+from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
 from .embedded import CorpusStatistics, block, corpus_statistics
-from .text import (
-    BUILDERS,
-    documents_for,
-    limited,
-    load_tokenizer,
-    local_files,
-    looks_like_path,
-    open_documents,
-    token_blocks,
-)
+from .prepared import Mixture, PreparedCorpus, is_prepared, shuffled_block
+from .text import BUILDERS, load_tokenizer, local_files, looks_like_path, open_documents
 from .tokenizer import embedded_tokenizer
 
 EMBEDDED = "embedded"
+PREFETCH_STEPS = 4  # per worker: steps made ahead of the training loop
 
 
 class TrainingData:
     """Blocks of `seq_len` tokens and the tokenizer that made them. Batches are dicts of `input_ids` and
     `labels` (padding as -100). `statistics` is the corpus's entropy floor where it is known (the embedded
-    corpus)."""
+    corpus). `workers`: DataLoader worker processes (0: in the training process)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, seq_len: int, seed: int,
-                 statistics: CorpusStatistics | None = None):
+                 statistics: CorpusStatistics | None = None, workers: int = 1):
         self.tokenizer, self.seq_len, self.seed, self.statistics = tokenizer, seq_len, seed, statistics
+        self.workers = workers
+        self.skipped: Counter = Counter()  # bad records skipped, by reason
 
     def step_batches(self, first_step: int, rows_per_step: int, rank: int = 0,
                      world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
@@ -39,19 +45,30 @@ class TrainingData:
         global batch in rows, and each rank gets `rows_per_step / world_size` of them."""
         raise NotImplementedError
 
-    def validation_blocks(self) -> Iterator[list[int]]:
+    def validation_blocks(self) -> Iterator[Sequence[int]]:
         raise NotImplementedError
 
-    def _batch(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+    def state_dict(self) -> dict | None:
+        """This rank's data position beyond the step count (streaming only), saved per rank in checkpoints."""
+        return None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        pass
+
+    def summary(self) -> dict:
+        """Facts for summary.json."""
+        return {"data_skipped": dict(self.skipped)}
+
+    def _batch(self, rows: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         pad = self.tokenizer.pad_token_id
         input_ids = torch.full((len(rows), self.seq_len), pad, dtype=torch.long)
         labels = torch.full((len(rows), self.seq_len), -100, dtype=torch.long)
         for i, row in enumerate(rows):
-            input_ids[i, : len(row)] = torch.tensor(row)
+            input_ids[i, : len(row)] = torch.as_tensor(np.asarray(row, dtype=np.int64))
             labels[i, : len(row)] = input_ids[i, : len(row)]
         return {"input_ids": input_ids, "labels": labels}
 
-    def _batches(self, blocks: Iterator[list[int]], batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+    def _batches(self, blocks: Iterator[Sequence[int]], batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
         while rows := list(itertools.islice(blocks, batch_size)):
             yield self._batch(rows)
 
@@ -59,8 +76,56 @@ class TrainingData:
         """The same held-out batches on every rank and every call (fewer if the held-out data is smaller)."""
         return list(itertools.islice(self._batches(self.validation_blocks(), batch_size), num_batches))
 
+    def loader(self, dataset, sampler, collate_fn) -> DataLoader:
+        """A DataLoader of whole per-rank steps (batch_size None), made by worker processes ahead of the loop."""
+        workers = self.workers
+        if workers:  # forked workers tokenize in one thread each (and tokenizers warns otherwise)
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=workers,
+                          prefetch_factor=PREFETCH_STEPS if workers else None,
+                          multiprocessing_context="fork" if workers else None, collate_fn=collate_fn)
 
-class EmbeddedData(TrainingData):
+
+class _Steps(Dataset):
+    """Item s: this rank's rows of step s, from global samples [s * rows, (s + 1) * rows)."""
+
+    def __init__(self, data: IndexedData, rows_per_step: int, rank: int, world_size: int):
+        if rows_per_step % world_size:
+            raise ValueError(f"{rows_per_step} rows per step do not split over {world_size} ranks")
+        self.data, self.rows_per_step, self.per_rank, self.rank = data, rows_per_step, rows_per_step // world_size, rank
+
+    def __getitem__(self, step: int) -> dict[str, np.ndarray]:
+        start = step * self.rows_per_step + self.rank * self.per_rank
+        batch = self.data._batch([self.data.sample(g) for g in range(start, start + self.per_rank)])
+        return {k: v.numpy() for k, v in batch.items()}
+
+
+def _as_is(item):
+    return item
+
+
+def _tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Steps cross from the workers as numpy arrays, pickled through the queue (a few hundred kB): faster than
+    tensors, which each need a shared-memory file descriptor. Pinned here on CUDA, for non-blocking copies."""
+    tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
+    return {k: v.pin_memory() for k, v in tensors.items()} if torch.cuda.is_available() else tensors
+
+
+class IndexedData(TrainingData):
+    """Data whose global sample g is a function of g alone (`sample`): steps are read by index."""
+
+    def sample(self, index: int) -> Sequence[int]:
+        raise NotImplementedError
+
+    def step_batches(self, first_step: int, rows_per_step: int, rank: int = 0,
+                     world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
+        steps = _Steps(self, rows_per_step, rank, world_size)
+        for step, batch in enumerate(self.loader(steps, itertools.count(first_step), _as_is), first_step):
+            self.samples_read = (step + 1) * rows_per_step
+            yield _tensors(batch)
+
+
+class EmbeddedData(IndexedData):
     """The built-in grammar corpus. Block i of a stream is a function of (seed, i) alone (`embedded.block`), so
     the global batch of step s is blocks [s * rows, (s + 1) * rows) and each rank takes its contiguous slice:
     one process, two processes or any micro-batch split train on the same tokens, and a resume is a seek."""
@@ -69,50 +134,65 @@ class EmbeddedData(TrainingData):
         vocab = self.tokenizer.get_vocab()
         return [vocab[t] for t in block(namespace, index, self.seq_len).tokens]
 
-    def step_batches(self, first_step: int, rows_per_step: int, rank: int = 0,
-                     world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
-        if rows_per_step % world_size:
-            raise ValueError(f"{rows_per_step} rows per step do not split over {world_size} ranks")
-        per_rank = rows_per_step // world_size
-        namespace = _train_namespace(self.seed)
-        for step in itertools.count(first_step):
-            start = step * rows_per_step + rank * per_rank
-            yield self._batch([self._ids(namespace, i) for i in range(start, start + per_rank)])
+    def sample(self, index: int) -> list[int]:
+        return self._ids(_train_namespace(self.seed), index)
 
     def validation_blocks(self) -> Iterator[list[int]]:
         namespace = _validation_namespace(self.seed)
         return (self._ids(namespace, i) for i in itertools.count())
 
 
-class TextData(TrainingData):
-    """A text corpus (`adaptive_ds.data.text`): EOS-joined documents, validation held out by document,
-    round-robin rank shards, epochs repeated over the first `epoch_blocks` blocks of each rank's share.
+class PreparedData(IndexedData):
+    """Prepared token shards (`adaptive_ds.data.prepare`), one or a weighted mixture (`0.7:DIR_A,0.3:DIR_B`).
+    Each source is shuffled by block with its own seeded permutation per epoch; the mixture interleaves them
+    by a fixed pattern (`prepared.Mixture`). `epoch_blocks` limits each epoch to the first blocks (by weight)."""
 
-    Streamed: each rank reads its own share in the source's order, so a run on another number of ranks sees
-    other batches, and a resume re-reads the steps before it."""
+    def __init__(self, sources: list[tuple[float, str]], seq_len: int, seed: int, workers: int = 1,
+                 epoch_blocks: int | None = None):
+        self.corpora = [PreparedCorpus(path) for _, path in sources]
+        self.names = [path for _, path in sources]
+        hashes = {c.manifest["tokenizer_sha256"] for c in self.corpora}
+        if len(hashes) > 1:
+            raise ValueError(f"the mixed prepared directories {', '.join(self.names)} were made with different "
+                             "tokenizers; prepare them with one --tokenizer")
+        super().__init__(self.corpora[0].tokenizer, seq_len, seed, workers=workers)
+        self.mixture = Mixture([w for w, _ in sources])
+        weights = [w / sum(w for w, _ in sources) for w, _ in sources]
+        self.blocks = []
+        for corpus, path, weight in zip(self.corpora, self.names, weights, strict=True):
+            recorded = corpus.manifest["arguments"].get("seq_len")
+            if recorded not in (None, seq_len):
+                raise ValueError(f"prepared data {path!r} was prepared for seq_len {recorded}, this run's preset has "
+                                 f"{seq_len}; prepare it again with --seq_len {seq_len}")
+            blocks = corpus.num_blocks("train", seq_len)
+            if epoch_blocks is not None:
+                blocks = min(blocks, max(1, round(epoch_blocks * weight)))
+            if blocks == 0 or corpus.num_blocks("validation", seq_len) == 0:
+                raise ValueError(f"prepared data {path!r} has fewer than {seq_len} training or validation tokens")
+            self.blocks.append(blocks)
+        self.samples_read = 0
+        self.skipped = Counter()
+        for corpus in self.corpora:
+            self.skipped.update(corpus.manifest.get("skipped", {}))
 
-    def __init__(self, source: str, tokenizer, seq_len: int, seed: int, text_field: str, hub_config: str | None,
-                 validation_share: float, epoch_blocks: int | None):
-        super().__init__(tokenizer, seq_len, seed)
-        self.source, self.text_field, self.hub_config = source, text_field, hub_config
-        self.validation_share, self.epoch_blocks = validation_share, epoch_blocks
+    def sample(self, index: int) -> np.ndarray:
+        source, own = self.mixture.locate(index)
+        # each source its own seed stream, so adding a source does not reorder another's blocks
+        return self.corpora[source].block("train", shuffled_block(self.seed + source, own, self.blocks[source]),
+                                          self.seq_len)
 
-    def _split_blocks(self, split: str, rank: int = 0, world_size: int = 1) -> Iterator[list[int]]:
-        docs = documents_for(open_documents(self.source, self.text_field, self.hub_config), split, self.seed,
-                             self.validation_share, rank, world_size)
-        return token_blocks(docs, self.tokenizer, self.seq_len)
+    def validation_blocks(self) -> Iterator[np.ndarray]:
+        for index in itertools.count():
+            source, own = self.mixture.locate(index)
+            corpus = self.corpora[source]
+            yield corpus.block("validation", own % corpus.num_blocks("validation", self.seq_len), self.seq_len)
 
-    def train_blocks(self, rank: int, world_size: int) -> Iterator[list[int]]:
-        while True:  # epochs
-            yield from limited(self._split_blocks("train", rank, world_size), self.epoch_blocks)
-
-    def step_batches(self, first_step: int, rows_per_step: int, rank: int = 0,
-                     world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
-        batches = self._batches(self.train_blocks(rank, world_size), rows_per_step // world_size)
-        return itertools.islice(batches, first_step, None)
-
-    def validation_blocks(self) -> Iterator[list[int]]:
-        return self._split_blocks("validation")
+    def summary(self) -> dict:
+        """Besides the skipped records (counted when prepared): the share of the samples read from each source."""
+        counts = self.mixture.samples_per_source(self.samples_read)
+        total = max(sum(counts), 1)
+        shares = {name: c / total for name, c in zip(self.names, counts, strict=True)}
+        return {**super().summary(), "data_shares": shares}
 
 
 def _train_namespace(seed: int) -> str:
@@ -124,20 +204,65 @@ def _validation_namespace(seed: int) -> str:
     return f"validation-{seed}"
 
 
+def parse_mixture(source: str) -> list[tuple[float, str]] | None:
+    """`0.7:A,0.3:B` as [(0.7, A), (0.3, B)]; None for a single source."""
+    parts = source.split(",")
+    if len(parts) < 2 and ":" not in source.split("/")[0]:
+        return None
+    mixture = []
+    for part in parts:
+        weight, sep, path = part.partition(":")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = -1.0
+        if not sep or value <= 0 or not path:
+            raise ValueError(f"data mixture part {part!r} is not WEIGHT:SOURCE with a positive weight; e.g. "
+                             "0.7:DIR_A,0.3:DIR_B")
+        mixture.append((value, path))
+    return mixture
+
+
+def source_problems(source: str) -> list[str]:
+    """What is wrong with a --data value (empty if nothing), for the settings check."""
+    if source == EMBEDDED:
+        return []
+    try:
+        mixture = parse_mixture(source)
+    except ValueError as e:
+        return [str(e)]
+    if mixture:
+        bad = [path for _, path in mixture if not is_prepared(path)]
+        return [f"data mixture parts {', '.join(map(repr, bad))} are not prepared directories; mixtures blend "
+                "prepared data: run `python -m adaptive_ds.data.prepare` on each source"] if bad else []
+    if is_prepared(source) or not looks_like_path(source) or local_files(source):
+        return []
+    return [f"data path {source!r} does not exist; valid choices: '{EMBEDDED}', a prepared directory, local files "
+            f"({', '.join(BUILDERS)}) or a Hub dataset name"]
+
+
 def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "bpe:8192",
                         text_field: str = "text", hub_config: str | None = None, validation_share: float = 0.01,
-                        epoch_blocks: int | None = None, tokenizer_sample_docs: int = 2000) -> TrainingData:
-    """`source` is `embedded` (the built-in corpus, the default), local files or a Hub dataset name.
+                        epoch_blocks: int | None = None, tokenizer_sample_docs: int = 2000,
+                        workers: int = 1) -> TrainingData:
+    """`source` is `embedded` (the built-in corpus, the default), a prepared directory, a mixture of prepared
+    directories (`0.7:DIR_A,0.3:DIR_B`), or local files or a Hub dataset name to stream. `epoch_blocks`: the
+    global blocks of one epoch (a subset, for --epochs).
 
-    For text sources `tokenizer` is `bpe:N` (trained on the first `tokenizer_sample_docs` documents) or a
-    pretrained tokenizer's name or path.
+    For streamed text `tokenizer` is `bpe:N` (trained on the first `tokenizer_sample_docs` documents) or a
+    pretrained tokenizer's name or path; prepared data brings its own.
     """
+    from .streaming import StreamingData
+
+    problems = source_problems(source)
+    if problems:
+        raise ValueError(problems[0])
     if source == EMBEDDED:
         statistics = corpus_statistics(seq_len, _validation_namespace(seed))
-        return EmbeddedData(embedded_tokenizer(), seq_len, seed, statistics)
-    if looks_like_path(source) and not local_files(source):
-        raise ValueError(f"data path {source!r} does not exist; valid choices: '{EMBEDDED}', local files "
-                         f"({', '.join(BUILDERS)}) or a Hub dataset name")
+        return EmbeddedData(embedded_tokenizer(), seq_len, seed, statistics, workers)
+    mixture = parse_mixture(source)
+    if mixture or is_prepared(source):
+        return PreparedData(mixture or [(1.0, source)], seq_len, seed, workers, epoch_blocks)
     sample = itertools.islice(open_documents(source, text_field, hub_config), tokenizer_sample_docs)
     tok = load_tokenizer(tokenizer, sample)
-    return TextData(source, tok, seq_len, seed, text_field, hub_config, validation_share, epoch_blocks)
+    return StreamingData(source, tok, seq_len, seed, text_field, hub_config, validation_share, epoch_blocks, workers)

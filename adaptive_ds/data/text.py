@@ -1,28 +1,40 @@
 """Text corpora through Hugging Face `datasets`: Hub datasets (streamed) and local files, read lazily.
 
-Documents are tokenized, joined with EOS and cut into `seq_len` blocks. Each document gets an index in the
-source's order; a fixed share of indices (chosen by a seeded hash) is held out for validation, and the rest
-are dealt round-robin to the data-parallel ranks, so within one epoch every training document is read by
-exactly one rank, once. Nothing is shuffled: the order is the source's, and the same for every run.
+Every source is a `datasets.IterableDataset` of rows (`document_rows`), so sharding over ranks
+(`split_dataset_by_node`) and resumable positions (`state_dict`) are the library's. Local JSON lines
+(`.jsonl`, `.json`, `.json.gz`: C4's format) are read by a generator that checks each record on its own, so one
+bad record (invalid UTF-8, not JSON, no text field) or a truncated gzip member costs that record or the rest of
+that file, with a counted warning, never the run. Each file is one shard of the dataset.
+
+Documents are tokenized, joined with EOS and cut into `seq_len` blocks. A fixed share of documents (chosen by a
+seeded hash of their index) is held out for validation.
 """
 
 from __future__ import annotations
 
 import glob
+import gzip
 import hashlib
-import itertools
+import json
+import logging
 import os
+import zlib
+from collections import Counter
 from collections.abc import Iterator
 
-from datasets import load_dataset
+from datasets import IterableDataset, load_dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
 
 # datasets builders by file ending
 BUILDERS = {".jsonl": "json", ".json": "json", ".json.gz": "json", ".jsonl.gz": "json", ".parquet": "parquet",
             ".txt": "text", ".txt.gz": "text"}
 BPE_EOS = "<|endoftext|>"
 BPE_PAD = "<|pad|>"
+SKIP = "_skip"  # the column that carries why a record was skipped (empty when it is a document)
+SKIP_REASONS = ("empty", "invalid_utf8", "not_json", "missing_field", "truncated_file")
 
 
 def _builder(path: str) -> str:
@@ -48,20 +60,84 @@ def local_files(source: str) -> list[str]:
     return sorted(f for f in files if os.path.isfile(f))
 
 
-def open_documents(source: str, text_field: str = "text", hub_config: str | None = None) -> Iterator[str]:
-    """Texts of `source`, streamed: local file(s) or a Hub dataset name such as allenai/c4 (config en)."""
+def _json_line(raw: bytes, text_field: str) -> tuple[str, str]:
+    """(text, "") for a good record, ("", reason) for a skipped one."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "", "invalid_utf8"
+    except json.JSONDecodeError:
+        return "", "not_json"
+    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+        return "", "missing_field"
+    return record[text_field], ""
+
+
+_CORRUPT = (EOFError, OSError, zlib.error)  # a truncated or damaged gzip stream
+
+
+def _json_lines_rows(files: list[str], text_field: str, corrupt: tuple = _CORRUPT) -> Iterator[dict]:
+    """Rows {text_field, SKIP} of JSON lines files, one record at a time (a `datasets` generator: `files` are
+    its shards). A truncated or corrupt gzip stream ends its file with one `truncated_file` row."""
+    for path in files:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            try:
+                for raw in f:
+                    if raw.strip():
+                        text, skip = _json_line(raw, text_field)
+                        yield {text_field: text, SKIP: skip}
+            except corrupt as e:  # bound as an argument: still there when the generator is closed at exit
+                logger.warning("data file %s is truncated or corrupt (%s): its remaining records are skipped",
+                               path, e)
+                yield {text_field: "", SKIP: "truncated_file"}
+
+
+def document_rows(source: str, text_field: str = "text", hub_config: str | None = None) -> IterableDataset:
+    """`source` as a streamed `datasets.IterableDataset` of rows: local file(s), one shard per file, or a Hub
+    dataset name such as allenai/c4 (config en). Read the texts with `checked_text`."""
     files = local_files(source)
-    if files:
-        builders = {_builder(f) for f in files}
-        if len(builders) > 1:
-            raise ValueError(f"data {source!r} mixes formats ({', '.join(sorted(builders))}); use one")
-        dataset = load_dataset(builders.pop(), data_files=files, split="train", streaming=True)
-    else:
-        dataset = load_dataset(source, hub_config, split="train", streaming=True)
-    for row in dataset:
-        if text_field not in row:
-            raise ValueError(f"data {source!r} has no field {text_field!r}; fields: {', '.join(row)}")
-        yield row[text_field]
+    if not files:
+        return load_dataset(source, hub_config, split="train", streaming=True)
+    builders = {_builder(f) for f in files}
+    if len(builders) > 1:
+        raise ValueError(f"data {source!r} mixes formats ({', '.join(sorted(builders))}); use one")
+    if builders == {"json"}:
+        return IterableDataset.from_generator(_json_lines_rows, gen_kwargs={"files": files,
+                                                                            "text_field": text_field})
+    return load_dataset(builders.pop(), data_files=files, split="train", streaming=True)
+
+
+def checked_text(row: dict, text_field: str, skipped: Counter) -> str | None:
+    """The row's text, or None (counted in `skipped` by reason, with a warning the first time) if it is not a
+    usable document."""
+    reason = row.get(SKIP) or ""
+    text = row.get(text_field)
+    if not reason and not isinstance(text, str):
+        reason = "missing_field"
+    elif not reason and not text.strip():
+        reason = "empty"
+    if not reason:
+        return text
+    if not skipped[reason]:
+        logger.warning("skipping a data record (%s); further ones are counted in summary.json's data_skipped",
+                       reason)
+    skipped[reason] += 1
+    return None
+
+
+def open_documents(source: str, text_field: str = "text", hub_config: str | None = None,
+                   skipped: Counter | None = None) -> Iterator[str]:
+    """Texts of `source`, streamed, bad records skipped and counted in `skipped`. A first record without
+    `text_field` means the field is wrong, and is refused."""
+    skipped = Counter() if skipped is None else skipped
+    for position, row in enumerate(document_rows(source, text_field, hub_config)):
+        if position == 0 and (text_field not in row or row.get(SKIP) == "missing_field"):
+            raise ValueError(f"data {source!r} has no field {text_field!r} in its first record; pass the field that "
+                             "holds the text (--text_field)")
+        text = checked_text(row, text_field, skipped)
+        if text is not None:
+            yield text
 
 
 def train_bpe_tokenizer(texts: Iterator[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -89,38 +165,8 @@ def load_tokenizer(spec: str, sample: Iterator[str]):
     return tokenizer
 
 
-def is_validation(index: int, seed: int, share: float) -> bool:
-    """Seeded, stable choice of held-out documents by their index in the source."""
-    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") / 2**64 < share
-
-
-def documents_for(texts: Iterator[str], split: str, seed: int, share: float, rank: int = 0,
-                  world_size: int = 1) -> Iterator[tuple[int, str]]:
-    """(index, text) of the documents of `split` ("train": this rank's round-robin share; "validation")."""
-    train_position = 0
-    for index, text in enumerate(texts):
-        if is_validation(index, seed, share):
-            if split == "validation":
-                yield index, text
-        else:
-            if split == "train" and train_position % world_size == rank:
-                yield index, text
-            train_position += 1
-
-
-def token_blocks(documents: Iterator[tuple[int, str]], tokenizer, seq_len: int) -> Iterator[list[int]]:
-    """Documents joined with EOS and cut into blocks of `seq_len` tokens (the last one may be shorter)."""
-    buffer: list[int] = []
-    eos = tokenizer.eos_token_id
-    for _, text in documents:
-        buffer.extend(tokenizer(text, add_special_tokens=False).input_ids + [eos])
-        while len(buffer) >= seq_len:
-            yield buffer[:seq_len]
-            buffer = buffer[seq_len:]
-    if buffer:
-        yield buffer
-
-
-def limited(blocks: Iterator[list[int]], max_blocks: int | None) -> Iterator[list[int]]:
-    return blocks if max_blocks is None else itertools.islice(blocks, max_blocks)
+def is_validation(text: str, seed: int, share: float) -> bool:
+    """Seeded, stable choice of held-out documents by a hash of their text: the same choice whatever the order,
+    sharding or number of ranks that reads them (and a repeated document lands on one side only)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8, key=str(seed).encode()).digest()
+    return int.from_bytes(digest, "little") / 2**64 < share

@@ -21,8 +21,7 @@ import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 
 from .. import ds_config as ds_config_reader
-from ..data import EMBEDDED
-from ..data.text import local_files, looks_like_path
+from ..data import EMBEDDED, source_problems
 from ..ds_config import ConfigError
 from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
 from ..presets import PRESETS, model_config
@@ -52,8 +51,11 @@ class RunSettings:
 
     preset: str = setting("debug", "model size (adaptive_ds/presets.py)", choices=tuple(PRESETS))
     arch: str = setting("dense", "architecture", choices=ARCHITECTURES)
-    data: str = setting(EMBEDDED, f"'{EMBEDDED}' (the built-in corpus), local files (.jsonl, .json.gz, .parquet, "
-                                  ".txt; a glob or folder) or a Hub dataset name")
+    data: str = setting(EMBEDDED, f"'{EMBEDDED}' (the built-in corpus), a prepared directory (python -m "
+                                  "adaptive_ds.data.prepare), a mixture 0.7:DIR_A,0.3:DIR_B, or local files (.jsonl, "
+                                  ".json.gz, .parquet, .txt; a glob or folder) or a Hub dataset to stream")
+    data_workers: int = setting(1, "DataLoader worker processes that make batches ahead of the loop (0: in the "
+                                   "loop)", at_least=0)
     data_config: str | None = setting(None, "Hub dataset config, e.g. en for allenai/c4")
     text_field: str = setting("text", "text data: the field that holds each document")
     tokenizer: str = setting("bpe:8192", "text data: bpe:N trains a byte-level BPE offline, else a tokenizer "
@@ -215,10 +217,8 @@ def _settings_from_block(block, path: str) -> RunSettings:
 def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     """Collect every problem and raise once, naming the valid choices."""
     problems = _field_problems(settings)
-    if isinstance(settings.data, str) and settings.data != EMBEDDED and looks_like_path(settings.data) \
-            and not local_files(settings.data):
-        problems.append(f"data path {settings.data!r} does not exist; valid choices: '{EMBEDDED}', existing local "
-                        "files or a Hub dataset name")
+    if isinstance(settings.data, str):
+        problems += source_problems(settings.data)
     tokens = settings.tokens
     if tokens is not None and tokens != "chinchilla" and not (isinstance(tokens, int) and tokens >= 1) \
             and not (isinstance(tokens, str) and tokens.isdigit() and int(tokens) >= 1):

@@ -135,8 +135,11 @@ def _human(size: float) -> str:
         size /= 1024
 
 
-def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, tokenizer) -> str:
+def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, tokenizer,
+         data_state: dict | None = None) -> str:
     """Save a checkpoint at `step` (collective), then point `latest` at it and prune to `keep_last`.
+
+    `data_state`: this rank's data position beyond the step count (a streamed source's), as `data_rank{r}.json`.
 
     The tokenizer is saved beside DeepSpeed's files, so `python -m adaptive_ds.export` needs nothing else.
     Raises CheckpointSaveError (on every rank) when a rank cannot write its files: the partial directory is
@@ -153,7 +156,8 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, to
         # lets deepspeed.checkpoint.ds_to_universal convert it, to resume on another number of processes (DeepSpeed
         # reserves this key in its MoE checkpoint path; MoE checkpoints are converted by universal.py instead)
         client_state[UNIVERSAL_CHECKPOINT_INFO] = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
-    failed = _first_failure(distributed.all_gather_object(_write_files(engine, root, tag, client_state, tokenizer)))
+    written = _write_files(engine, root, tag, client_state, tokenizer, data_state)
+    failed = _first_failure(distributed.all_gather_object(written))
     if failed is None:
         failed = _commit(root, tag, run_state, keep_last)
     if failed is not None:
@@ -168,8 +172,9 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, to
     return tag
 
 
-def _write_files(engine, root: str, tag: str, client_state: dict, tokenizer) -> str | None:
-    """This rank's files of the checkpoint; returns what failed (None: all written)."""
+def _write_files(engine, root: str, tag: str, client_state: dict, tokenizer, data_state: dict | None) -> str | None:
+    """This rank's files of the checkpoint (with its data position, where the source needs one); returns what
+    failed (None: all written)."""
     try:
         engine.save_checkpoint(root, tag=tag, client_state=client_state, save_latest=False)
     except (OSError, RuntimeError) as e:
@@ -179,6 +184,8 @@ def _write_files(engine, root: str, tag: str, client_state: dict, tokenizer) -> 
         return _one_line(e)
     try:
         torch.save(_rng_state(), os.path.join(root, tag, f"rng_rank{distributed.rank()}.pt"))
+        if data_state is not None:
+            _write_atomic(os.path.join(root, tag, f"data_rank{distributed.rank()}.json"), json.dumps(data_state))
         if distributed.rank() == 0:
             tokenizer.save_pretrained(os.path.join(root, tag, "tokenizer"))
     except (OSError, RuntimeError) as e:
@@ -393,6 +400,15 @@ def read_run_state(output_dir: str, tag: str) -> dict:
                               "remove it or point 'latest' at an earlier checkpoint") from None
 
 
+def read_data_state(output_dir: str, tag: str, rank: int) -> dict | None:
+    """Rank `rank`'s data position saved with checkpoint `tag` (None when its source needs none)."""
+    path = os.path.join(checkpoint_root(output_dir), tag, f"data_rank{rank}.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 # What may differ between a checkpoint and the run that resumes it (its files are then converted, see `resume`)
 LAYOUT_KEYS = ("world_size", "model.moe_ep_size")
 
@@ -545,7 +561,7 @@ class Checkpointer:
             self.pending = True
         return self.pending
 
-    def save(self, engine, step: int, run_state: dict, tokenizer) -> None:
-        save(engine, self.output_dir, step, run_state, self.keep_last, tokenizer)
+    def save(self, engine, step: int, run_state: dict, tokenizer, data_state: dict | None = None) -> None:
+        save(engine, self.output_dir, step, run_state, self.keep_last, tokenizer, data_state)
         self.pending = False
         self.last_saved = step

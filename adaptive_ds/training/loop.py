@@ -95,13 +95,14 @@ def _prepare_device(settings: RunSettings, ds_config: dict) -> None:
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
 
 
-def _load_data(settings: RunSettings, seq_len: int, world: int):
-    epoch_blocks = None  # with a numeric budget over several epochs: each epoch repeats this many blocks per rank
+def _load_data(settings: RunSettings, seq_len: int):
+    epoch_blocks = None  # global blocks per epoch: the same subset whatever the number of processes
     if settings.tokens not in (None, "chinchilla") and settings.epochs > 1:
-        epoch_blocks = -(-int(settings.tokens) // (settings.epochs * world * seq_len))
+        epoch_blocks = -(-int(settings.tokens) // (settings.epochs * seq_len))
     return build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
                                text_field=settings.text_field, hub_config=settings.data_config,
-                               validation_share=settings.validation_share, epoch_blocks=epoch_blocks)
+                               validation_share=settings.validation_share, epoch_blocks=epoch_blocks,
+                               workers=settings.data_workers)
 
 
 def _command() -> str:
@@ -124,7 +125,7 @@ class Trainer:
         self.rows_per_step = rows_per_rank * self.world  # the global batch, constant whatever the split
         self.tokens_per_step = self.rows_per_step * seq_len
         with clock.phase("data"):
-            self.data = _load_data(settings, seq_len, self.world)
+            self.data = _load_data(settings, seq_len)
         tok = self.data.tokenizer
         self.config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                                    pad_token_id=tok.pad_token_id, **settings.model)
@@ -208,6 +209,7 @@ class Trainer:
         # The checkpoints this run writes (and rolls back to) are in its own layout, not the universal format.
         self.engine._config.load_universal_checkpoint = False
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
+        self.data.load_state_dict(checkpoint.read_data_state(self.output_dir, self.resume_tag, self.rank))
         self.controller.load_state_dict(saved["controller"])
         if saved["identity"]["world_size"] != self.world:  # the saved split was for the old number of ranks
             self.controller.resplit(self.rows_per_step // self.world)
@@ -321,7 +323,7 @@ class Trainer:
                 logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
             elif self.checkpointer.last_saved != last_step and last_step > self.start_step:
                 self.checkpointer.save(self.engine, last_step, self.state_dict(last_step, train_loss),
-                                       self.data.tokenizer)
+                                       self.data.tokenizer, self.data.state_dict())
             save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
                        is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
         summary.update(self._summary_facts(summary, last_step, counts))
@@ -343,7 +345,7 @@ class Trainer:
             total_parameters=counts.total, active_parameters=counts.active, compiled=self.engine.is_compiled,
             wall_time_s=breakdown["total"], time_breakdown_s=breakdown,
             training_tokens_per_s=trained_tokens / breakdown["train"] if breakdown["train"] else None,
-            peak_memory=peak_memory(),
+            peak_memory=peak_memory(), **self.data.summary(),
         )
         stats = self.data.statistics
         if stats:
@@ -436,7 +438,8 @@ class Trainer:
         """A periodic checkpoint; one that cannot be written (a full disk) costs a warning, not the run: the
         previous checkpoint stays the latest, and the next boundary tries again."""
         try:
-            self.checkpointer.save(self.engine, step, self.state_dict(step, loss), self.data.tokenizer)
+            self.checkpointer.save(self.engine, step, self.state_dict(step, loss), self.data.tokenizer,
+                                   self.data.state_dict())
         except checkpoint.CheckpointSaveError as error:
             logger.warning("%s; training goes on", error)
             self.checkpointer.pending = False
