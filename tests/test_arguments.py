@@ -164,7 +164,7 @@ def test_launcher_exits_with_one_line_and_leaves_outputs_alone(tmp_path):
                               *extra], timeout=300)
         assert result.returncode != 0
         last = result.stderr.strip().splitlines()[-1]
-        assert last.startswith("error: ") and ("valid choices" in last or "already holds files" in last)
+        assert last.startswith("error: ") and ("valid choices" in last or "but no checkpoint; pass a new" in last)
         assert "Traceback" not in result.stderr
         assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
         assert (out / "summary.json").read_text() == "earlier run"
