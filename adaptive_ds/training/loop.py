@@ -124,8 +124,7 @@ class Trainer:
         rows_per_rank = read_ds_config(ds_config).rows_per_rank_step
         self.rows_per_step = rows_per_rank * self.world  # the global batch, constant whatever the split
         self.tokens_per_step = self.rows_per_step * seq_len
-        with clock.phase("data"):
-            self.data = _load_data(settings, seq_len)
+        self.data = _load_data(settings, seq_len)  # setup: the "data" phase is the loop's wait for batches
         tok = self.data.tokenizer
         self.config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                                    pad_token_id=tok.pad_token_id, **settings.model)
@@ -310,7 +309,7 @@ class Trainer:
         if stats:
             logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",
                         stats.entropy_floor, stats.unigram_entropy)
-        with clock.phase("data"):
+        with clock.phase("eval"):
             validator = Validator(self.data.validation_batches(self.controller.defaults.micro_batch,
                                                                settings.eval_batches),
                                   settings.eval_steps, self.config.uses_mod)
@@ -367,7 +366,7 @@ class Trainer:
 
     def _train_loop(self, validator: Validator) -> tuple[int, float]:
         clock, settings, controller = self.clock, self.settings, self.controller
-        with clock.phase("data"):
+        with clock.phase("setup"):  # the loader and its workers start; waiting for their batches is "data"
             batches = self.data.step_batches(self.data_steps, self.rows_per_step, self.rank, self.world)
         bar = tqdm(total=settings.max_steps, initial=self.start_step, disable=self.rank != 0, dynamic_ncols=True,
                    desc="train")
