@@ -289,7 +289,8 @@ def test_a_raised_aux_coefficient_returns_to_the_configured_one_in_the_model(tmp
     raise_it = {"balance_threshold": 0.9999, "balance_windows": 1, "aux_coef_max": 0.04}
     train(["--ds_config", _config(tmp_path, controller=raise_it, max_steps=2), "--arch", "moe",
            "--output_dir", str(out)])
-    assert json.loads((out / "final" / "config.json").read_text())["router_aux_loss_coef"] == 0.04
+    run = json.loads((out / "checkpoints" / "step00000002" / "run.json").read_text())
+    assert run["controller"]["knobs"]["aux_coef"] == 0.04  # raised at steps 1 and 2, saved with the checkpoint
     train(["--ds_config", _config(tmp_path, controller={"balance_threshold": 0.0}, max_steps=5), "--arch", "moe",
            "--output_dir", str(out)])
     lowered = [d["knobs"]["aux_coef"] for d in _jsonl(out / "decisions.jsonl")
