@@ -56,9 +56,9 @@ DRY_RUN_CASES = ["dense", "dense_compile", "moe", "mod"]
 def _ds_config(name: str, dry: bool, micro_batch: int | None = None) -> dict:
     """A ds_config from ds_configs/ with gradient accumulation 1. Dry run: no fp16/bf16 and no optimizer offload
     (DeepSpeed's fp16 needs CUDA; its CPU Adam is a ~80 s build), torch's AdamW."""
-    from .training.arguments import _load_json  # the same ds_config reader as training
+    from .ds_config import load  # the same ds_config reader as training
 
-    config = _load_json(str(ROOT / "ds_configs" / name))
+    config = load(str(ROOT / "ds_configs" / name))
     micro = micro_batch or config["train_micro_batch_size_per_gpu"]
     config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=1, train_batch_size=micro)
     if dry:
