@@ -9,8 +9,12 @@ come from a `torch.utils.data.DataLoader` with worker processes, prefetch and pi
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import itertools
 import os
+import signal
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -83,7 +87,17 @@ class TrainingData:
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=workers,
                           prefetch_factor=PREFETCH_STEPS if workers else None,
-                          multiprocessing_context="fork" if workers else None, collate_fn=collate_fn)
+                          multiprocessing_context="fork" if workers else None, collate_fn=collate_fn,
+                          worker_init_fn=functools.partial(_die_with_parent, os.getpid()) if workers else None)
+
+
+def _die_with_parent(parent: int, worker_id: int) -> None:
+    """A worker ends when the training process does, even on SIGKILL (Linux: PR_SET_PDEATHSIG). Without it an
+    orphaned worker lives on and holds the launcher's pipes open, so whoever waits for the run's output hangs."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the call: nothing would signal us
+            os._exit(0)
 
 
 class _Steps(Dataset):
