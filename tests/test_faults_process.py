@@ -44,7 +44,8 @@ def _start_until_checkpoint(command, out, log):
     deadline = time.time() + 300
     while latest_tag(str(out)) is None and launcher.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    workers = [p for p in psutil.Process(launcher.pid).children(recursive=True) if _rank(p) == "1"]
+    # the training process of rank 1: a direct child of the launcher (its data workers inherit RANK=1 too)
+    workers = [p for p in psutil.Process(launcher.pid).children() if _rank(p) == "1"]
     assert len(workers) == 1 and launcher.poll() is None, log.read_text()[-3000:]
     return launcher, workers[0]
 
