@@ -4,6 +4,7 @@ validate faster rather than repeating each other."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -11,6 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import distributed
+
+logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -49,6 +52,9 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> tuple[
     if distributed.world_size() > 1:
         dist.all_reduce(moments)
     s, n, ss, sn, nn, count = moments.tolist()
+    if n == 0:
+        logger.warning("no held-out tokens to validate on: the validation loss is NaN (raise validation_share)")
+        return float("nan"), float("nan")
     loss = s / n
     if count < 2:
         return loss, float("nan")
