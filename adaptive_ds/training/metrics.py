@@ -264,14 +264,15 @@ def _offset_after(path: str, step: int, chunk: int = 1 << 16) -> int:
             start = max(0, size - window)
             f.seek(start)
             data = f.read()
-            first = 0 if start == 0 else data.find(b"\n") + 1  # where the window's first whole line begins
-            offsets, cursor = [], first
-            for line in data[first:].split(b"\n") if first or start == 0 else []:
-                offsets.append((cursor, line))
-                cursor += len(line) + 1
-            for offset, line in reversed(offsets):
-                if _step_of(line) is not None and _step_of(line) <= step:
-                    return start + offset + len(line) + 1
+            # Past the window's first newline every line is whole (at the start of the file, all of them are).
+            first = 0 if start == 0 else data.find(b"\n") + 1
+            if start == 0 or first > 0:
+                end = len(data)
+                for line in reversed(data[first:].split(b"\n")):
+                    end -= len(line) + 1  # where this line begins, less one
+                    found = _step_of(line)
+                    if found is not None and found <= step:
+                        return start + end + 1 + len(line) + 1
             if start == 0:
                 return 0
             window *= 2
