@@ -1,7 +1,10 @@
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,13 @@ from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
 from adaptive_ds.models import AdaptiveDSConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# One disk cache of derived corpus figures for the whole session and its subprocesses (adaptive_ds/data/
+# disk_cache.py): hermetic (not the user's ~/.cache), yet each figure is computed once, not once per process.
+_SESSION_CACHE = None
+if "ADAPTIVE_DS_CACHE" not in os.environ:
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="adaptive_ds-test-cache-")
+    os.environ["ADAPTIVE_DS_CACHE"] = _SESSION_CACHE
 DEBUG_CPU = str(ROOT / "ds_configs" / "debug_cpu.json")
 
 
@@ -41,8 +51,30 @@ def write_ds_config(directory: Path, micro: int = 2, accum: int = 1, zero_stage:
 
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Where each launcher takes its rendezvous port; all default to 29500, which concurrent tests (pytest -n) share.
+_PORT_FLAGS = {("torchrun",): "--master_port", ("deepspeed",): "--master_port",
+               ("accelerate", "launch"): "--main_process_port"}
+
+
+def with_free_port(args: list[str]) -> list[str]:
+    """`args` with a free rendezvous port for its launcher, unless it names one already."""
+    for launcher, flag in _PORT_FLAGS.items():
+        n = len(launcher)
+        if tuple(args[:n]) == launcher and flag not in args:
+            return [*args[:n], flag, str(free_port()), *args[n:]]
+    return list(args)
+
+
 def run_command(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
-    """Run a command from the repository root with the test's Python first on PATH."""
+    """Run a command from the repository root with the test's Python first on PATH (and a launcher on a port
+    of its own)."""
+    args = with_free_port(args)
     inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     full_env = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                 "PYTHONUNBUFFERED": "1", **env}
@@ -61,3 +93,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_unconfigure(config):
+    if _SESSION_CACHE is not None:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

@@ -1,3 +1,4 @@
+import json
 import math
 import random
 from collections import Counter
@@ -118,3 +119,33 @@ def test_a_step_holds_the_same_rows_whatever_the_ranks_and_a_resume_is_a_seek():
 def test_missing_data_path_is_named():
     with pytest.raises(ValueError, match="does not exist.*embedded"):
         build_training_data("/no/such/file.jsonl", 64, 0)
+
+
+def test_corpus_statistics_come_from_a_disk_cache_that_survives_damage(tmp_path, monkeypatch):
+    from adaptive_ds.data import embedded
+
+    monkeypatch.setenv("ADAPTIVE_DS_CACHE", str(tmp_path))
+    embedded._statistics.cache_clear()  # the in-process cache would hide the disk
+    # Reference: the statistics counted by hand from the blocks themselves, not by the estimator.
+    blocks = [block("cache-test", i, 64) for i in range(30)]
+    predicted = [t for b in blocks for t in b.tokens[1:]]
+    floor = -sum(lp for b in blocks for lp in b.logprobs[1:]) / len(predicted)
+    first = corpus_statistics(64, "cache-test", 30)
+    assert first.entropy_floor == pytest.approx(floor) and first.tokens == len(predicted)
+    [entry] = tmp_path.glob("embedded-statistics-*.json")
+
+    entry.write_text('{"key": {"seq_len": 64}, "value": {"entropy_floor": 0.0')  # truncated and wrong
+    embedded._statistics.cache_clear()
+    assert corpus_statistics(64, "cache-test", 30) == first  # recomputed, not read from the damaged entry
+    assert '"entropy_floor": 0.0' not in entry.read_text()  # and repaired
+
+    planted = json.loads(entry.read_text())
+    planted["value"]["entropy_floor"] = 123.0  # a valid entry is trusted as it stands: that is the cache
+    entry.write_text(json.dumps(planted))
+    embedded._statistics.cache_clear()
+    assert corpus_statistics(64, "cache-test", 30).entropy_floor == 123.0
+    planted["key"]["source"] = "another generator"  # an entry of another generator's code is not used
+    entry.write_text(json.dumps(planted))
+    embedded._statistics.cache_clear()
+    assert corpus_statistics(64, "cache-test", 30) == first
+    embedded._statistics.cache_clear()

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DISTRIBUTED_VARIABLES, ROOT, run_command, write_ds_config
+from conftest import DISTRIBUTED_VARIABLES, ROOT, free_port, run_command, write_ds_config
 
 from adaptive_ds.training.checkpoint import latest_tag
 
@@ -22,16 +21,10 @@ STOPPED = re.compile(r"error: (lost contact with another process \((.+)\)|stoppe
 MAX_STEPS = 12
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _command(tmp_path, out, timeout_s):
     config = write_ds_config(tmp_path, 2, 1, max_steps=MAX_STEPS, warmup_steps=2, save_steps=2, log_steps=1,
                              collective_timeout_s=timeout_s)
-    return ["torchrun", "--nproc_per_node", "2", "--master_port", str(_free_port()), "launchers/train.py",
+    return ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "launchers/train.py",
             "--ds_config", config, "--output_dir", str(out)]
 
 

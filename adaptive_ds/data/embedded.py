@@ -18,8 +18,10 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
+
+from .disk_cache import cached_json, source_digest
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, UNK)
@@ -226,6 +228,13 @@ def corpus_statistics(seq_len: int, namespace: str, num_blocks: int = 2000) -> C
 
 @lru_cache(maxsize=8)
 def _statistics(seq_len: int, namespace: str, num_blocks: int) -> CorpusStatistics:
+    # Seconds of generation per process: kept on disk, keyed by this generator's source (see disk_cache).
+    key = {"seq_len": seq_len, "namespace": namespace, "num_blocks": num_blocks, "source": source_digest(__file__)}
+    return CorpusStatistics(**cached_json("embedded-statistics", key,
+                                          lambda: asdict(_estimate(seq_len, namespace, num_blocks))))
+
+
+def _estimate(seq_len: int, namespace: str, num_blocks: int) -> CorpusStatistics:
     nll, counts = 0.0, Counter()
     for index in range(num_blocks):
         b = block(namespace, index, seq_len)
