@@ -111,30 +111,34 @@ class Build:
     packages: set[str] = field(default_factory=set)  # top-level packages with a docstring in the shard
 
 
-def _read(path: str, skipped: Counter) -> str | None:
-    """The file's source, or None (counted by reason) if it cannot be read or is too large."""
+def _read(path: str, skipped: Counter) -> tuple[str, float] | None:
+    """The file's source and modification time, or None (counted by reason) if it cannot be read or is too large."""
     try:
         if os.path.getsize(path) > MAX_FILE_BYTES:
             skipped["too_large"] += 1
             return None
         with open(path, encoding="utf-8") as f:
-            return f.read()
+            return f.read(), os.path.getmtime(path)
     except UnicodeDecodeError:
         skipped["not_utf8"] += 1
-    except OSError:
+    except OSError:  # unreadable, or a broken link
         skipped["unreadable"] += 1
     return None
 
 
-def _file_docstrings(module: str, path: str, skipped: Counter) -> list[tuple[str, str]]:
-    source = _read(path, skipped)
-    if source is None:
+def _file_records(package: str, module: str, path: str, min_chars: int, skipped: Counter) -> list[dict]:
+    read = _read(path, skipped)
+    if read is None:
         return []
+    source, mtime = read
+    timestamp = datetime.datetime.fromtimestamp(int(mtime), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
-        return list(docstrings(source, module))
+        found = list(docstrings(source, module))
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # Python 2 sources, null bytes, deep nesting
         skipped["not_parsable"] += 1
         return []
+    return [{"text": text, "timestamp": timestamp, "url": f"pydoc://{package}/{qualname}"}
+            for qualname, text in found if len(text) >= min_chars]
 
 
 def records(roots: list[str], min_chars: int, build: Build) -> Iterator[dict]:
@@ -156,10 +160,7 @@ def _package_records(package: str, files: Iterator[tuple[str, str]], min_chars: 
                      skipped: Counter) -> Iterator[list[dict]]:
     """One list of records per source file of `package`."""
     for module, path in files:
-        stamp = datetime.datetime.fromtimestamp(int(os.path.getmtime(path)), datetime.UTC)
-        timestamp = stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
-        yield [{"text": text, "timestamp": timestamp, "url": f"pydoc://{package}/{qualname}"}
-               for qualname, text in _file_docstrings(module, path, skipped) if len(text) >= min_chars]
+        yield _file_records(package, module, path, min_chars, skipped)
 
 
 def _round_robin(streams: list[Iterator[list[dict]]]) -> Iterator[dict]:
