@@ -23,12 +23,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
-from .embedded import CorpusStatistics, block, corpus_statistics
+from .embedded import TIERS, CorpusStatistics, block, corpus_statistics
 from .prepared import Mixture, PreparedCorpus, is_prepared, shuffled_block
 from .text import BUILDERS, load_tokenizer, local_files, looks_like_path, open_documents
 from .tokenizer import embedded_tokenizer
 
 EMBEDDED = "embedded"
+# --data value -> embedded corpus tier: `embedded` is the base tier, `embedded:TIER` another
+EMBEDDED_SOURCES = {EMBEDDED if tier == "base" else f"{EMBEDDED}:{tier}": tier for tier in TIERS}
 PREFETCH_STEPS = 4  # per worker: steps made ahead of the training loop
 
 
@@ -140,13 +142,18 @@ class IndexedData(TrainingData):
 
 
 class EmbeddedData(IndexedData):
-    """The built-in grammar corpus. Block i of a stream is a function of (seed, i) alone (`embedded.block`), so
-    the global batch of step s is blocks [s * rows, (s + 1) * rows) and each rank takes its contiguous slice:
-    one process, two processes or any micro-batch split train on the same tokens, and a resume is a seek."""
+    """The built-in grammar corpus, one of its tiers. Block i of a stream is a function of (seed, i) alone
+    (`embedded.block`), so the global batch of step s is blocks [s * rows, (s + 1) * rows) and each rank takes its
+    contiguous slice: one process, two processes or any micro-batch split train on the same tokens, and a resume
+    is a seek."""
+
+    def __init__(self, tier: str, seq_len: int, seed: int, statistics: CorpusStatistics, workers: int = 1):
+        super().__init__(embedded_tokenizer(tier), seq_len, seed, statistics, workers)
+        self.tier = tier
 
     def _ids(self, namespace: str, index: int) -> list[int]:
         vocab = self.tokenizer.get_vocab()
-        return [vocab[t] for t in block(namespace, index, self.seq_len).tokens]
+        return [vocab[t] for t in block(namespace, index, self.seq_len, self.tier).tokens]
 
     def sample(self, index: int) -> list[int]:
         return self._ids(_train_namespace(self.seed), index)
@@ -239,8 +246,10 @@ def parse_mixture(source: str) -> list[tuple[float, str]] | None:
 
 def source_problems(source: str) -> list[str]:
     """What is wrong with a --data value (empty if nothing), for the settings check."""
-    if source == EMBEDDED:
+    if source in EMBEDDED_SOURCES:
         return []
+    if source.startswith(f"{EMBEDDED}:"):
+        return [f"unknown embedded corpus tier {source!r}; valid choices: {', '.join(map(repr, EMBEDDED_SOURCES))}"]
     try:
         mixture = parse_mixture(source)
     except ValueError as e:
@@ -251,17 +260,17 @@ def source_problems(source: str) -> list[str]:
                 "prepared data: run `python -m adaptive_ds.data.prepare` on each source"] if bad else []
     if is_prepared(source) or not looks_like_path(source) or local_files(source):
         return []
-    return [f"data path {source!r} does not exist; valid choices: '{EMBEDDED}', a prepared directory, local files "
-            f"({', '.join(BUILDERS)}) or a Hub dataset name"]
+    return [f"data path {source!r} does not exist; valid choices: {', '.join(map(repr, EMBEDDED_SOURCES))}, a "
+            f"prepared directory, local files ({', '.join(BUILDERS)}) or a Hub dataset name"]
 
 
 def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "bpe:8192",
                         text_field: str = "text", hub_config: str | None = None, validation_share: float = 0.01,
                         epoch_blocks: int | None = None, tokenizer_sample_docs: int = 2000,
                         workers: int = 1) -> TrainingData:
-    """`source` is `embedded` (the built-in corpus, the default), a prepared directory, a mixture of prepared
-    directories (`0.7:DIR_A,0.3:DIR_B`), or local files or a Hub dataset name to stream. `epoch_blocks`: the
-    global blocks of one epoch (a subset, for --epochs).
+    """`source` is `embedded` (the built-in corpus, the default; `embedded:hard` its hard tier), a prepared
+    directory, a mixture of prepared directories (`0.7:DIR_A,0.3:DIR_B`), or local files or a Hub dataset name to
+    stream. `epoch_blocks`: the global blocks of one epoch (a subset, for --epochs).
 
     For streamed text `tokenizer` is `bpe:N` (trained on the first `tokenizer_sample_docs` documents) or a
     pretrained tokenizer's name or path; prepared data brings its own.
@@ -271,9 +280,10 @@ def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "
     problems = source_problems(source)
     if problems:
         raise ValueError(problems[0])
-    if source == EMBEDDED:
-        statistics = corpus_statistics(seq_len, _validation_namespace(seed))
-        return EmbeddedData(embedded_tokenizer(), seq_len, seed, statistics, workers)
+    if source in EMBEDDED_SOURCES:
+        tier = EMBEDDED_SOURCES[source]
+        statistics = corpus_statistics(seq_len, _validation_namespace(seed), tier=tier)
+        return EmbeddedData(tier, seq_len, seed, statistics, workers)
     mixture = parse_mixture(source)
     if mixture or is_prepared(source):
         return PreparedData(mixture or [(1.0, source)], seq_len, seed, workers, epoch_blocks)

@@ -6,15 +6,27 @@ has exactly one derivation). So the probability the generator assigned to each t
 conditional probability p(token | document prefix), and the mean negative log-probability over the
 predicted tokens is the lowest cross-entropy any model can reach: the corpus's entropy floor.
 
-Four domains give experts something to specialise on and MoD something to route:
+Two tiers. The base tier (``--data embedded``) has four domains, which give experts something to specialise on
+and MoD something to route:
   - ``[prose]``: sentences with number agreement between subject and verb (long-range, uncertain tokens);
   - ``[arith]``: single-digit sums and products whose answers are determined (tokens that need computation);
   - ``[recall]``: key-value pairs, then queries whose values must be copied from context (induction);
   - ``[count]``: counting modulo 10 (easy, almost deterministic tokens).
+
+The hard tier (``--data embedded:hard``) adds a fixed table of facts that must be memorised, so that capacity
+pays, and dependencies over tens of tokens:
+  - ``[facts]``: lines ``NAME RELATION VALUE ;`` about entities drawn Zipf-distributed from the table;
+  - ``[bio]``: one entity's name, then clauses in random order: its facts (``RELATION VALUE .``, the entity
+    carried from the start of the document), prose sentences and sums, so that certain, memorised, computed and
+    uncertain tokens alternate within one document;
+  - ``[recall]``: the base tier's pairs and queries with prose sentences between them;
+  - ``[arith]`` and ``[count]`` as in the base tier.
+The table (`fact_table`) is generated from a fixed seed of its own, so every run, rank and split shares it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import Counter
@@ -43,14 +55,30 @@ KEYS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "i
 
 MAX_PAIRS, MAX_QUERIES, MAX_COUNT = 6, 6, 30
 
+# The hard tier. Entity names are NAME_LENGTH syllables: fixed length makes the names prefix-free, so a name's
+# tokens are read back unambiguously and the state after any prefix is still a function of the prefix.
+HARD_DOMAIN_WEIGHTS = {"[bio]": 0.4, "[facts]": 0.25, "[recall]": 0.15, "[arith]": 0.1, "[count]": 0.1}
+SYLLABLES = ("ba", "de", "fi", "go", "hu", "ka", "lo", "mi", "nu", "pe", "ri", "so", "tu", "va", "we", "zo")
+NAME_LENGTH, NUM_ENTITIES = 3, 2048
+FACT_TABLE_SEED = "embedded-hard-facts-v1"  # not the run's seed: train and validation share one table
+# Each relation's values: pet a singular noun, trait an adjective, home a key, born two digits, friend an entity.
+RELATIONS = ("pet", "trait", "home", "born", "friend")
+BIO_CLAUSES = {"fact": 0.4, "prose": 0.4, "arith": 0.2}  # renormalised once every fact is stated
+P_BIO_END, P_FACTS_END, P_FILLER_END, MAX_FILLER = 0.15, 0.25, 0.4, 4
 
-def vocabulary() -> list[str]:
-    """Every token the grammar can emit, in a fixed order (special tokens first)."""
+TIERS = ("base", "hard")
+
+
+def vocabulary(tier: str = "base") -> list[str]:
+    """Every token the tier's grammar can emit, in a fixed order (special tokens first). The hard tier's
+    vocabulary extends the base tier's, which keeps its ids."""
     words = list(SPECIAL_TOKENS) + list(DOMAIN_WEIGHTS) + list(DIGITS)
     words += [w for pair in DETERMINERS.values() for w in pair]
     words += [w for pair in NOUNS for w in pair] + list(ADJECTIVES)
     words += [w for pair in INTRANSITIVE + TRANSITIVE for w in pair] + list(PREPOSITIONS)
     words += [".", "+", "*", "=", ";", "set", "get"] + list(KEYS)
+    if tier == "hard":
+        words += [tag for tag in HARD_DOMAIN_WEIGHTS if tag not in DOMAIN_WEIGHTS] + list(SYLLABLES) + list(RELATIONS)
     assert len(words) == len(set(words)), "grammar tokens must be unique for derivations to be unique"
     return words
 
@@ -90,6 +118,12 @@ class _Emitter:
         self._pending += math.log(p_true if taken else 1.0 - p_true)
         return taken
 
+    def choose(self, probs: list[float]) -> int:
+        """A hidden choice among len(probs) alternatives, folded into the next token like `branch`."""
+        i = self.rng.choices(range(len(probs)), weights=probs)[0]
+        self._pending += math.log(probs[i])
+        return i
+
     def pick(self, options, probs=None) -> int:
         """Emit one of `options`, uniformly unless `probs` is given; returns the index."""
         probs = probs or [1.0 / len(options)] * len(options)
@@ -112,37 +146,50 @@ def _noun_phrase(e: _Emitter, form: int) -> None:
 
 def _prose(e: _Emitter) -> None:
     while True:
-        subject = 0 if e.branch(0.6) else 1
-        _noun_phrase(e, subject)
-        if e.branch(0.4):
-            e.pick([pair[subject] for pair in INTRANSITIVE], _INTRANS_P)  # verb agrees with the subject
-            p_prep = 0.3
-        else:
-            e.pick([pair[subject] for pair in TRANSITIVE], _TRANS_P)
-            _noun_phrase(e, 0 if e.branch(0.5) else 1)
-            p_prep = 0.4
-        if e.branch(p_prep):
-            e.pick(PREPOSITIONS)
-            _noun_phrase(e, 0 if e.branch(0.5) else 1)
-        e.emit(".")
+        _sentence(e)
         if e.branch(0.25):
             return
 
 
+def _sentence(e: _Emitter) -> None:
+    """One sentence, from its determiner to its full stop."""
+    subject = 0 if e.branch(0.6) else 1
+    _noun_phrase(e, subject)
+    if e.branch(0.4):
+        e.pick([pair[subject] for pair in INTRANSITIVE], _INTRANS_P)  # verb agrees with the subject
+        p_prep = 0.3
+    else:
+        e.pick([pair[subject] for pair in TRANSITIVE], _TRANS_P)
+        _noun_phrase(e, 0 if e.branch(0.5) else 1)
+        p_prep = 0.4
+    if e.branch(p_prep):
+        e.pick(PREPOSITIONS)
+        _noun_phrase(e, 0 if e.branch(0.5) else 1)
+    e.emit(".")
+
+
 def _arith(e: _Emitter) -> None:
     while True:
-        a = e.pick(DIGITS)
-        op = e.pick(("+", "*"))
-        b = e.pick(DIGITS)
-        e.emit("=")
-        for digit in str(a + b if op == 0 else a * b):
-            e.emit(digit)  # determined by the operands: a token that needs computation
-        e.emit(";")
+        _equation(e)
         if e.branch(0.3):
             return
 
 
+def _equation(e: _Emitter) -> None:
+    a = e.pick(DIGITS)
+    op = e.pick(("+", "*"))
+    b = e.pick(DIGITS)
+    e.emit("=")
+    for digit in str(a + b if op == 0 else a * b):
+        e.emit(digit)  # determined by the operands: a token that needs computation
+    e.emit(";")
+
+
 def _recall(e: _Emitter) -> None:
+    _queries(e, _pairs(e))
+
+
+def _pairs(e: _Emitter) -> dict[str, str]:
     memory: dict[str, str] = {}
     while True:
         e.emit("set")
@@ -150,7 +197,10 @@ def _recall(e: _Emitter) -> None:
         key = unused[e.pick(unused)]
         memory[key] = DIGITS[e.pick(DIGITS)]
         if len(memory) >= MAX_PAIRS or (len(memory) >= 2 and not e.branch(0.55)):
-            break
+            return memory
+
+
+def _queries(e: _Emitter, memory: dict[str, str]) -> None:
     keys = list(memory)
     for query in range(MAX_QUERIES):
         e.emit("get")
@@ -169,20 +219,121 @@ def _count(e: _Emitter) -> None:
         e.emit(DIGITS[value])
 
 
-_DOMAINS = {"[prose]": _prose, "[arith]": _arith, "[recall]": _recall, "[count]": _count}
+@dataclass(frozen=True)
+class FactTable:
+    """The hard tier's facts: entity i (its Zipf rank) has the name `names[i]` and `facts[i][relation]`."""
+
+    names: tuple[tuple[str, ...], ...]  # NAME_LENGTH syllables each, all distinct
+    facts: tuple[dict[str, tuple[str, ...]], ...]  # relation -> the value's tokens
+    cum_weights: tuple[float, ...]  # cumulative Zipf probabilities by rank, for drawing an entity
+    prefix_weight: dict[tuple[str, ...], float]  # name prefix -> probability that a drawn name starts with it
+
+    def name_probability(self, name: tuple[str, ...], position: int) -> float:
+        """p(name[position] | name[:position]) when the entity is drawn by Zipf rank: the weight of the names
+        that continue the prefix that way over the weight of those that share the prefix."""
+        return self.prefix_weight[name[: position + 1]] / self.prefix_weight[name[:position]]
 
 
-def generate_document(rng: random.Random) -> Document:
+@lru_cache(maxsize=1)
+def fact_table() -> FactTable:
+    """The fixed table, from `FACT_TABLE_SEED` alone: the same in every run, rank, split and process."""
+    rng = random.Random(FACT_TABLE_SEED)
+    codes = rng.sample(range(len(SYLLABLES) ** NAME_LENGTH), NUM_ENTITIES)
+    names = tuple(tuple(SYLLABLES[code // len(SYLLABLES) ** k % len(SYLLABLES)] for k in range(NAME_LENGTH))
+                  for code in codes)
+    facts = []
+    for i in range(NUM_ENTITIES):
+        friend = rng.randrange(NUM_ENTITIES - 1)
+        born = rng.randrange(100)
+        facts.append({"pet": (NOUNS[rng.randrange(len(NOUNS))][0],), "trait": (rng.choice(ADJECTIVES),),
+                      "home": (rng.choice(KEYS),), "born": (DIGITS[born // 10], DIGITS[born % 10]),
+                      "friend": names[friend + (friend >= i)]})  # anyone but oneself
+    probs = _zipf(NUM_ENTITIES)
+    prefix_weight: dict[tuple[str, ...], list[float]] = {}
+    for name, p in zip(names, probs, strict=True):
+        for k in range(NAME_LENGTH + 1):
+            prefix_weight.setdefault(name[:k], []).append(p)
+    return FactTable(names, tuple(facts), tuple(itertools.accumulate(probs)),
+                     {prefix: math.fsum(ps) for prefix, ps in prefix_weight.items()})
+
+
+def _entity(e: _Emitter, table: FactTable) -> int:
+    """Draw an entity by Zipf rank and emit its name, one syllable at a time with its conditional probability."""
+    entity = e.rng.choices(range(NUM_ENTITIES), cum_weights=table.cum_weights)[0]
+    name = table.names[entity]
+    for position, syllable in enumerate(name):
+        e.emit(syllable, table.name_probability(name, position))
+    return entity
+
+
+def _fact(e: _Emitter, table: FactTable, entity: int, relations: list[str]) -> str:
+    """RELATION VALUE: the relation drawn uniformly from `relations`, the value the table's (certain)."""
+    relation = relations[e.pick(relations)]
+    for token in table.facts[entity][relation]:
+        e.emit(token)
+    return relation
+
+
+def _facts(e: _Emitter) -> None:
+    table = fact_table()
+    while True:
+        _fact(e, table, _entity(e, table), list(RELATIONS))
+        e.emit(";")
+        if e.branch(P_FACTS_END):
+            return
+
+
+def _bio(e: _Emitter) -> None:
+    """An entity, then clauses until the end: each of its facts at most once (its value needs the entity, stated
+    tens of tokens before, and the table), prose sentences and sums. Every clause kind begins with tokens of its
+    own (a relation, a determiner, a digit), so the next token reveals the hidden choice of clause."""
+    table = fact_table()
+    entity = _entity(e, table)
+    unstated = list(RELATIONS)
+    while True:
+        kinds = [kind for kind in BIO_CLAUSES if kind != "fact" or unstated]
+        weights = [BIO_CLAUSES[kind] for kind in kinds]
+        kind = kinds[e.choose([w / sum(weights) for w in weights])]
+        if kind == "fact":
+            unstated.remove(_fact(e, table, entity, unstated))
+            e.emit(".")
+        elif kind == "prose":
+            _sentence(e)
+        else:
+            _equation(e)
+        if e.branch(P_BIO_END):
+            return
+
+
+def _recall_far(e: _Emitter) -> None:
+    """The base tier's recall with 1 to MAX_FILLER prose sentences between the pairs and the queries."""
+    memory = _pairs(e)
+    for filler in range(MAX_FILLER):
+        _sentence(e)
+        if filler + 1 == MAX_FILLER or e.branch(P_FILLER_END):
+            break
+    _queries(e, memory)
+
+
+_DOMAINS = {
+    "base": ({"[prose]": _prose, "[arith]": _arith, "[recall]": _recall, "[count]": _count}, DOMAIN_WEIGHTS),
+    "hard": ({"[bio]": _bio, "[facts]": _facts, "[recall]": _recall_far, "[arith]": _arith, "[count]": _count},
+             HARD_DOMAIN_WEIGHTS),
+}
+
+
+def generate_document(rng: random.Random, tier: str = "base") -> Document:
     """One document: a domain tag, the domain's tokens, then EOS (whose probability closes the last choice)."""
+    domains, weights = _DOMAINS[tier]
     e = _Emitter(rng)
-    tags = list(DOMAIN_WEIGHTS)
-    domain = tags[e.pick(tags, list(DOMAIN_WEIGHTS.values()))]
-    _DOMAINS[domain](e)
+    tags = list(weights)
+    domain = tags[e.pick(tags, list(weights.values()))]
+    domains[domain](e)
     e.emit(EOS)
     return Document(e.tokens, e.logprobs)
 
 
-def block(namespace: str, index: int, seq_len: int) -> Document:
+def block(namespace: str, index: int, seq_len: int, tier: str = "base") -> Document:
     """Block `index` of the stream `namespace`: whole documents from a generator seeded by (namespace, index)
     until the next one would not fit (that one is discarded; a first document longer than the block is cut).
 
@@ -194,7 +345,7 @@ def block(namespace: str, index: int, seq_len: int) -> Document:
     tokens: list[str] = []
     logprobs: list[float] = []
     while True:
-        doc = generate_document(rng)
+        doc = generate_document(rng, tier)
         if tokens and len(tokens) + len(doc.tokens) > seq_len:
             return Document(tokens, logprobs)
         tokens += doc.tokens[: seq_len - len(tokens)]
@@ -216,28 +367,29 @@ class CorpusStatistics:
         return (self.unigram_entropy - loss) / (self.unigram_entropy - self.entropy_floor)
 
 
-def corpus_statistics(seq_len: int, namespace: str, num_blocks: int = 2000) -> CorpusStatistics:
+def corpus_statistics(seq_len: int, namespace: str, num_blocks: int = 2000, tier: str = "base") -> CorpusStatistics:
     """Entropy floor and unigram entropy over the tokens a model predicts in the blocks of `namespace`.
 
     Blocks hold whole documents (`block`), so each predicted token has its whole document prefix in context
     and the generator's probabilities are exactly what a perfect model assigns. The first token of a block is
     never predicted and is left out of both figures.
     """
-    return _statistics(seq_len, namespace, num_blocks)
+    return _statistics(seq_len, namespace, num_blocks, tier)
 
 
 @lru_cache(maxsize=8)
-def _statistics(seq_len: int, namespace: str, num_blocks: int) -> CorpusStatistics:
+def _statistics(seq_len: int, namespace: str, num_blocks: int, tier: str) -> CorpusStatistics:
     # Seconds of generation per process: kept on disk, keyed by this generator's source (see disk_cache).
-    key = {"seq_len": seq_len, "namespace": namespace, "num_blocks": num_blocks, "source": source_digest(__file__)}
+    key = {"seq_len": seq_len, "namespace": namespace, "num_blocks": num_blocks, "tier": tier,
+           "source": source_digest(__file__)}
     return CorpusStatistics(**cached_json("embedded-statistics", key,
-                                          lambda: asdict(_estimate(seq_len, namespace, num_blocks))))
+                                          lambda: asdict(_estimate(seq_len, namespace, num_blocks, tier))))
 
 
-def _estimate(seq_len: int, namespace: str, num_blocks: int) -> CorpusStatistics:
+def _estimate(seq_len: int, namespace: str, num_blocks: int, tier: str) -> CorpusStatistics:
     nll, counts = 0.0, Counter()
     for index in range(num_blocks):
-        b = block(namespace, index, seq_len)
+        b = block(namespace, index, seq_len, tier)
         nll -= sum(b.logprobs[1:])
         counts.update(b.tokens[1:])
     total = sum(counts.values())

@@ -1,4 +1,4 @@
-"""The embedded corpus's tokenizer: a word-level `PreTrainedTokenizerFast`, one id per grammar token."""
+"""The embedded corpus's tokenizer: a word-level `PreTrainedTokenizerFast`, one id per grammar token of a tier."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from transformers import PreTrainedTokenizerFast
 from .embedded import EOS, PAD, UNK, vocabulary
 
 
-def embedded_tokenizer() -> PreTrainedTokenizerFast:
-    """Whitespace-split words to ids in `vocabulary()` order; `<eos>` separates documents, `<pad>` fills blocks."""
-    vocab = {token: i for i, token in enumerate(vocabulary())}
+def embedded_tokenizer(tier: str = "base") -> PreTrainedTokenizerFast:
+    """Whitespace-split words to ids in `vocabulary(tier)` order; `<eos>` separates documents, `<pad>` fills
+    blocks."""
+    vocab = {token: i for i, token in enumerate(vocabulary(tier))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(

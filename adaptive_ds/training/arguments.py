@@ -51,9 +51,10 @@ class RunSettings:
 
     preset: str = setting("debug", "model size (adaptive_ds/presets.py)", choices=tuple(PRESETS))
     arch: str = setting("dense", "architecture", choices=ARCHITECTURES)
-    data: str = setting(EMBEDDED, f"'{EMBEDDED}' (the built-in corpus), a prepared directory (python -m "
-                                  "adaptive_ds.data.prepare), a mixture 0.7:DIR_A,0.3:DIR_B, or local files (.jsonl, "
-                                  ".json.gz, .parquet, .txt; a glob or folder) or a Hub dataset to stream")
+    data: str = setting(EMBEDDED, f"'{EMBEDDED}' (the built-in corpus; '{EMBEDDED}:hard' its hard tier), a prepared "
+                                  "directory (python -m adaptive_ds.data.prepare), a mixture 0.7:DIR_A,0.3:DIR_B, or "
+                                  "local files (.jsonl, .json.gz, .parquet, .txt; a glob or folder) or a Hub dataset "
+                                  "to stream")
     data_workers: int = setting(1, "DataLoader worker processes that make batches ahead of the loop (0: in the "
                                    "loop)", at_least=0)
     data_config: str | None = setting(None, "Hub dataset config, e.g. en for allenai/c4")
