@@ -407,6 +407,8 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
                 parse(spec.training_args(variant, args.seeds[0]), world_size=1)
             except ConfigError as error:
                 raise SystemExit(f"error: variant {variant.name}: {error}") from None
+    if len(args.seeds) < 2:
+        logger.warning("one seed: no standard deviations and no verdicts (pass --seeds 1 2 3)")
     if args.baseline not in [v.name for v in variants]:
         logger.warning("the baseline %r is not among the variants: no comparison table", args.baseline)
     return found

@@ -234,9 +234,12 @@ def _files(directory) -> dict[str, tuple[int, int]]:
 def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
     # a config that names C4 (as the GPU configs do): the grid trains on its own --data (the embedded corpus)
     config = write_ds_config(tmp_path, micro=8, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
-    spec = GridSpec("debug", (parse_variant("mod"),), (1,), 4096, config, warmup_steps=5)
-    out, runs = str(tmp_path / "out"), str(tmp_path / "runs")
-    report = run_grid(spec, out, runs, price=0.5)
+    out, runs, md = str(tmp_path / "out"), str(tmp_path / "runs"), tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n")
+    main(["--variants", "mod", "--seeds", "1", "--tokens", "4096", "--ds_config", config, "--warmup_steps", "5",
+          "--price", "0.5", "--out", out, "--runs", runs, "--benchmarks_md", str(md)])
+    report = json.loads((tmp_path / "out" / "grid_debug_embedded.json").read_text())
+    assert "<!-- grid:debug:embedded -->" in md.read_text() and "\n| mod | 853,888 / 460,160 | " in md.read_text()
     (row,) = report["runs"]
     first = json.loads(open(os.path.join(row["run_dir"], "metrics.jsonl")).readline())
     # the run warmed up over 5 steps (the config says 1): the first step's learning rate is below the peak 3e-3
@@ -251,11 +254,13 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
         assert (tmp_path / "out" / f"grid_debug_embedded_loss_vs_{name}.png").stat().st_size > 10_000
     before = _files(row["run_dir"])
     # the same grid again, with a variant the trainer refuses, whose earlier attempt left a partial directory
+    # (through run_grid: the command would refuse this variant before training anything)
     broken = parse_variant('dense+{"no_such_field": 1}')
+    spec = GridSpec("debug", (parse_variant("mod"), broken), (1,), 4096, config, warmup_steps=5)
     partial = spec.run_dir(runs, broken, 1)
     os.makedirs(partial)
     open(os.path.join(partial, "metrics.jsonl"), "w").close()
-    again = run_grid(GridSpec("debug", (*spec.variants, broken), (1,), 4096, config, warmup_steps=5), out, runs)
+    again = run_grid(spec, out, runs)
     assert _files(row["run_dir"]) == before and again["runs"][0]["kept"]  # not retrained, not rewritten
     assert again["runs"][0]["validation_loss"] == row["validation_loss"]
     (failure,) = again["failed"]
