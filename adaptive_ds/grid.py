@@ -230,8 +230,11 @@ def load_run(run_dir: str) -> dict:
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             metrics = [json.loads(line) for line in f if line.strip()]
         config = AdaptiveDSConfig.from_pretrained(os.path.join(run_dir, "final"))  # the model the run trained
-        with open(os.path.join(run_dir, PROVENANCE)) as f:
-            trained = json.load(f)
+        provenance = os.path.join(run_dir, PROVENANCE)
+        trained = dict.fromkeys(("commit", "machine", "date"), "unknown")  # the grid stopped before writing it
+        if os.path.exists(provenance):
+            with open(provenance) as f:
+                trained = json.load(f)
     except (OSError, ValueError) as e:
         raise GridError(f"the finished run {run_dir} cannot be read ({e}); move it away to train it again") from None
     if not metrics:
@@ -251,7 +254,7 @@ def _peak_gib(summary: dict) -> float:
 
 
 def budgets(runs: list[dict]) -> dict[str, float]:
-    """The smallest total of training FLOPs, tokens and seconds that any run reached: every run's curve covers
+    """The smallest total of training FLOPs, tokens and seconds that any run reached: every run's curve reaches
     it, so each is compared there without extrapolating."""
     return {name: min(r["curve"][-1][axis] for r in runs) for name, axis, _ in BUDGETS}
 
