@@ -1,85 +1,246 @@
-"""Benchmark grid: preset x architecture, trained side by side on the embedded corpus.
+"""Benchmark grid: variants (an architecture and its options) x seeds, trained side by side on the same data.
 
-    python -m adaptive_ds.grid --preset debug --tokens 1000000 --out benchmarks
-    python -m adaptive_ds.grid --preset debug debug_200m --ds_config ds_configs/debug_200m_t4.json   (on a GPU)
+    python -m adaptive_ds.grid --preset debug --tokens 1000000 --data embedded --seeds 1 2 3
+    python -m adaptive_ds.grid --variants dense moe moe:dropless 'moe+{"router_aux_loss_coef": 0}' mod mod:paper
+    python -m adaptive_ds.grid --preset debug_200m --ds_config ds_configs/debug_200m_t4.json   (on a GPU)
 
-Each architecture is a separate training run of the full harness (`python -m adaptive_ds.training`, the
-DeepSpeed engine, the given ds_config) on the same token budget and seed, one after another on the same
-machine, each in its own process so that its peak memory and time breakdown are its own. The data is always
-the embedded corpus (whatever the ds_config names), whose entropy floor makes the losses comparable. From each run's
-summary.json and metrics.jsonl the grid reports the seed's per-preset table, measured:
+A variant is an architecture plus overrides of its model config (and of the controller's settings): a name of
+`VARIANTS`, or such a name followed by ``+`` and a JSON object of AdaptiveDSConfig fields (a ``"controller"`` key
+inside it holds ControllerSettings fields). Each variant x seed is a separate training run of the full harness
+(`python -m adaptive_ds.training`, the DeepSpeed engine, the given ds_config and --data), one after another on
+the same machine, each in its own process so that its peak memory and time breakdown are its own. A run's
+directory under --runs is named after its exact settings, so the same command continues an interrupted grid: a
+run whose summary.json exists is kept, not retrained; a failed run is reported with the end of its log, the
+others go on, and the next invocation retries it.
 
-- quality: validation loss (MoD and hybrid: causal routing, the honest figure; and with the train-time top-k),
-  perplexity, loss minus the corpus's entropy floor, and the train loss reached at equal training FLOPs (the
-  train-loss curve against the cumulative FLOPs of the tokens actually routed, interpolated at the smallest
-  total any architecture spent);
+From each run's summary.json and metrics.jsonl the grid reports, per variant, the mean and the standard deviation
+across seeds (`spread`) of:
+
+- quality: validation loss (MoD and hybrid: causal routing, the honest figure; and with the train-time top-k)
+  with each run's own standard error, loss minus the entropy floor (on data that has one), and the train loss
+  at equal training FLOPs, at equal tokens and at equal training seconds: each run's train-loss curve
+  interpolated at the smallest total any run of the grid reached;
 - speed and cost: training tokens/s (data and train phases), MFU on a GPU of the hardware table (achieved
-  TFLOP/s on a CPU, where no peak is agreed), peak memory, wall time, the time breakdown (setup, data, train,
-  checkpoint, eval, other), the run's cost and the cost per 1B tokens at the device's $/hour
-  (`adaptive_ds.hardware.DEVICES`, or --price);
-- routing: expert utilisation, load balance and dropped share (MoE), skip rate and FLOPs reduction (MoD), as
-  means over the run's logged windows.
+  TFLOP/s on a CPU, where no peak is agreed), peak memory, wall time, the time breakdown, the run's cost and
+  the cost per 1B tokens at the device's $/hour (`adaptive_ds.hardware.DEVICES`, or --price);
+- routing: expert utilisation, load balance and dropped share (MoE), skip rate and FLOPs reduction (MoD);
+- against the baseline (dense): each quality figure's difference with its standard deviation, paired by seed
+  where both have two or more seeds in common (`difference`), and a verdict (`verdict`): better or worse only
+  beyond two standard deviations, else a tie.
 
-It writes `grid_<preset>.json`, loss-vs-FLOPs, loss-vs-seconds and loss-vs-tokens PNGs, and the Markdown
-tables into BENCHMARKS.md between ``<!-- grid:<preset> -->`` and ``<!-- /grid:<preset> -->``.
+It writes `grid_<preset>_<data>.json`, loss-vs-FLOPs, -seconds and -tokens PNGs (mean over the seeds, band
+min..max), and the Markdown tables into BENCHMARKS.md between ``<!-- grid:<preset>:<data> -->`` markers. The
+statistics, tables and plots are adaptive_ds/grid_tables.py's.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import ds_config as ds_config_reader
+from .data import EMBEDDED
 from .distributed import DISTRIBUTED_VARIABLES
 from .flops import training_flops_per_token
+from .grid_tables import BUDGETS, PHASES, RUN_KEYS, aggregate, compare, markdown, plot
 from .hardware import DEVICES, detect_device
 from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
 from .presets import PRESETS
 from .report import commit, machine, replace_section
-from .training.metrics import PhaseClock
 
 logger = logging.getLogger(__name__)
 
-PHASES = (*PhaseClock.PHASES, "other")
+PROVENANCE = "grid_provenance.json"  # written into a run's directory when it finishes
+# Named variants: an architecture, overrides of AdaptiveDSConfig ("model") and of ControllerSettings
+# ("controller"). The training run checks every field, so an entry is one line here.
+VARIANTS: dict[str, dict] = {
+    **{arch: {"arch": arch} for arch in ARCHITECTURES},
+    "moe:dropless": {"arch": "moe", "model": {"moe_drop_tokens": False}},
+    "moe:top1": {"arch": "moe", "model": {"num_experts_per_tok": 1}},
+    # no balancing loss, and no controller raising its coefficient back
+    "moe:noaux": {"arch": "moe", "model": {"router_aux_loss_coef": 0.0}, "controller": {"moe_balance": False}},
+    "hybrid:dropless": {"arch": "hybrid", "model": {"moe_drop_tokens": False}},
+    # Raposo et al. (arXiv 2404.02258), their best setting: 12.5% capacity on every other block
+    "mod:paper": {"arch": "mod", "model": {"mod_capacity": 0.125, "mod_layer_interval": 2}},
+}
 
 
 class GridError(RuntimeError):
-    """A run of the grid failed; the message holds the end of its log."""
+    """The grid cannot report: no run finished, or a finished run's files cannot be read."""
 
 
-def _train(preset: str, arch: str, tokens: int, ds_config: str, seed: int, run_dir: str,
-           warmup_steps: int | None) -> None:
-    command = [sys.executable, "-m", "adaptive_ds.training", "--ds_config", ds_config, "--preset", preset,
-               "--arch", arch, "--data", "embedded", "--tokens", str(tokens), "--seed", str(seed),
-               "--output_dir", run_dir, "--resume", "never"]
-    if warmup_steps is not None:
-        command += ["--warmup_steps", str(warmup_steps)]
-    logger.info("grid: %s", " ".join(command[1:]))
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    arch: str
+    model: dict = field(default_factory=dict)
+    controller: dict = field(default_factory=dict)
+
+
+def parse_variant(text: str) -> Variant:
+    """`NAME` of VARIANTS, or `NAME+{JSON}`: the named variant with more model (and "controller") overrides."""
+    base, plus, extra = text.partition("+")
+    if base not in VARIANTS:
+        raise ValueError(f"unknown variant {text!r}; valid: {', '.join(VARIANTS)}, or one of them followed by "
+                         "+{JSON object of model overrides}, e.g. 'moe+{\"moe_drop_tokens\": false}'")
+    entry = VARIANTS[base]
+    model, controller = dict(entry.get("model", {})), dict(entry.get("controller", {}))
+    if plus:
+        try:
+            overrides = json.loads(extra)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"variant {text!r}: what follows '+' is not JSON ({e})") from None
+        if not isinstance(overrides, dict) or not isinstance(overrides.get("controller", {}), dict):
+            raise ValueError(f"variant {text!r}: what follows '+' must be a JSON object of model overrides (and "
+                             "an object under 'controller'), e.g. 'moe+{\"moe_drop_tokens\": false}'")
+        controller.update(overrides.pop("controller", {}))
+        model.update(overrides)
+    return Variant(text, entry["arch"], model, controller)
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """What a grid trains: the same preset, data, budget and ds_config for every variant x seed."""
+
+    preset: str
+    variants: tuple[Variant, ...]
+    seeds: tuple[int, ...]
+    tokens: int
+    ds_config: str
+    data: str = EMBEDDED
+    tokenizer: str | None = None
+    warmup_steps: int | None = None
+    baseline: str = "dense"
+
+    @property
+    def data_name(self) -> str:
+        """The data in a section key or file name: embedded:hard -> embedded-hard, /x/docs.json.gz -> docs."""
+        name = self.data if "," in self.data else os.path.basename(self.data.rstrip("/")).split(".")[0]
+        return re.sub(r"[^a-z0-9]+", "-", (name or self.data).lower()).strip("-")[:40]
+
+    def training_args(self, variant: Variant, seed: int) -> list[str]:
+        """The training command line of one run, its --output_dir aside."""
+        args = ["--ds_config", self.ds_config, "--preset", self.preset, "--arch", variant.arch, "--data", self.data,
+                "--tokens", str(self.tokens), "--seed", str(seed), "--resume", "never"]
+        if self.tokenizer is not None:
+            args += ["--tokenizer", self.tokenizer]
+        if variant.model:
+            args += ["--model", json.dumps(variant.model, sort_keys=True)]
+        if variant.controller:
+            args += ["--controller", json.dumps(variant.controller, sort_keys=True)]
+        if self.warmup_steps is not None:
+            args += ["--warmup_steps", str(self.warmup_steps)]
+        return args
+
+    def run_dir(self, runs_dir: str, variant: Variant, seed: int) -> str:
+        """Named after everything that makes the run (its command line and the ds_config's text), so that a
+        grid re-run keeps exactly the runs it would train again and no others."""
+        with open(self.ds_config, "rb") as f:
+            key = json.dumps(self.training_args(variant, seed)).encode() + f.read()
+        slug = re.sub(r"[^a-z0-9]+", "-", variant.name.lower()).strip("-")[:40]
+        digest = hashlib.sha256(key).hexdigest()[:10]
+        return os.path.join(runs_dir, f"{self.preset}-{self.data_name}-{slug}-seed{seed}-{digest}")
+
+    def command(self) -> str:
+        parts = ["python", "-m", "adaptive_ds.grid", "--preset", self.preset, "--tokens", str(self.tokens),
+                 "--ds_config", self.ds_config, "--data", self.data]
+        if self.tokenizer is not None:
+            parts += ["--tokenizer", self.tokenizer]
+        parts += ["--variants", *(v.name for v in self.variants), "--seeds", *map(str, self.seeds)]
+        if self.baseline != "dense":
+            parts += ["--baseline", self.baseline]
+        if self.warmup_steps is not None:
+            parts += ["--warmup_steps", str(self.warmup_steps)]
+        return shlex.join(parts)
+
+
+def _log_tail(path: str, size: int = 3000) -> str:
+    """The end of a log, read from its end (a long run's log is not read whole)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - size))
+        return f.read().decode(errors="replace")
+
+
+def _set_aside(path: str) -> None:
+    """An unfinished attempt's files move to PATH.failed (replacing an older one), kept for reading."""
+    if os.path.exists(path):
+        aside = f"{path}.failed"
+        if os.path.isdir(aside):
+            shutil.rmtree(aside)
+        os.replace(path, aside)
+
+
+def execute(args: list[str], run_dir: str) -> dict | None:
+    """Train one run into `run_dir` unless it finished earlier. None when its summary.json exists, else the
+    failure: exit status, log path and the end of the log."""
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        logger.info("grid: %s finished earlier: kept", run_dir)
+        return None
+    log = f"{run_dir}.log"  # beside the run: the trainer wants a new or empty directory
+    _set_aside(run_dir)
+    _set_aside(log)
+    command = [sys.executable, "-m", "adaptive_ds.training", *args, "--output_dir", run_dir]
+    logger.info("grid: %s", shlex.join(command[1:]))
     # A process of its own: a fresh peak-memory mark and its own clock. It must not join this process's group.
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise GridError(f"the {arch} run failed (exit {result.returncode}): {result.stderr[-2000:]}")
+    os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+    with open(log, "w") as f:
+        returncode = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    if returncode == 0 and os.path.exists(os.path.join(run_dir, "summary.json")):
+        # where and from what code it was trained: a kept run may come from an earlier commit
+        with open(os.path.join(run_dir, PROVENANCE), "w") as f:
+            json.dump({"commit": commit(), "machine": machine(), "date": time.strftime("%Y-%m-%d")}, f)
+        return None
+    return {"exit": returncode, "log": log, "log_tail": _log_tail(log)}
 
 
-def _flops_curve(metrics: list[dict], config: AdaptiveDSConfig, seq_len: int) -> list[tuple[float, float, int, float]]:
-    """(cumulative training FLOPs, train loss, tokens, seconds) at each logged step of a run of `config`."""
+def _flops_curve(metrics: list[dict], config: AdaptiveDSConfig, seq_len: int,
+                 setup_s: float) -> list[tuple[float, float, int, float]]:
+    """(cumulative training FLOPs, train loss, tokens, training seconds) at each logged step of a run of
+    `config`. Seconds count from the end of the setup (interpreter start, imports, model build), which does not
+    depend on the architecture and varies with the machine's load."""
     mod_blocks = sum(config.is_mod_layer(i) for i in range(config.num_hidden_layers))
     flops, previous, curve = 0.0, 0, []
     for m in metrics:
         routed = [1.0 - m["mod"]["skip_rate"]] * mod_blocks if "mod" in m else None  # share each block ran on
         flops += (m["tokens_seen"] - previous) * training_flops_per_token(config, seq_len, routed)
         previous = m["tokens_seen"]
-        curve.append((flops, m["loss"], m["tokens_seen"], m["elapsed_s"]))
+        curve.append((flops, m["loss"], m["tokens_seen"], m["elapsed_s"] - setup_s))
     return curve
+
+
+def load_run(run_dir: str) -> dict:
+    """A finished run's summary, metrics and loss curve."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            metrics = [json.loads(line) for line in f if line.strip()]
+        config = AdaptiveDSConfig.from_pretrained(os.path.join(run_dir, "final"))  # the model the run trained
+        provenance = os.path.join(run_dir, PROVENANCE)
+        trained = dict.fromkeys(("commit", "machine", "date"), "unknown")  # the grid stopped before writing it
+        if os.path.exists(provenance):
+            with open(provenance) as f:
+                trained = json.load(f)
+    except (OSError, ValueError) as e:
+        raise GridError(f"the finished run {run_dir} cannot be read ({e}); move it away to train it again") from None
+    if not metrics:
+        raise GridError(f"the finished run {run_dir} logged no steps; move it away to train it again")
+    curve = _flops_curve(metrics, config, summary["seq_len"], summary["time_breakdown_s"]["setup"])
+    return {"summary": summary, "metrics": metrics, "curve": curve, "trained": trained}
 
 
 def _mean(metrics: list[dict], group: str, key: str) -> float | None:
@@ -92,172 +253,186 @@ def _peak_gib(summary: dict) -> float:
     return peak.get("peak_allocated_bytes", peak.get("peak_rss_bytes", 0)) / 2**30
 
 
-def run_grid(preset: str, tokens: int, out_dir: str, ds_config: str, runs_dir: str, seed: int = 1234,
-             price: float | None = None, warmup_steps: int | None = None) -> dict:
+def budgets(runs: list[dict]) -> dict[str, float]:
+    """The smallest total of training FLOPs, tokens and seconds that any run reached: every run's curve reaches
+    it, so each is compared there without extrapolating."""
+    return {name: min(r["curve"][-1][axis] for r in runs) for name, axis, _ in BUDGETS}
+
+
+def run_row(run: dict, at: dict[str, float], peak_tflops: float | None, price: float | None) -> dict:
+    """One run's figures; `at`: the budgets the train losses are read at."""
+    s, metrics, curve = run["summary"], run["metrics"], run["curve"]
+    phases = s["time_breakdown_s"]
+    busy = phases["data"] + phases["train"]  # the steady-state training time
+    achieved = curve[-1][0] / busy / 1e12
+    tokens_per_s = s["tokens_seen"] / busy
+    floor = s.get("entropy_floor")
+    topk = s.get("validation_loss_topk_routing")
+    row = {
+        "validation_loss": s["validation_loss"], "validation_loss_se": s.get("validation_loss_se"),
+        "perplexity": math.exp(s["validation_loss"]),
+        "loss_minus_floor": s["validation_loss"] - floor if floor is not None else None,
+        "topk_routing_loss": topk, "topk_routing_loss_se": s.get("validation_loss_topk_routing_se"),
+        "topk_routing_loss_minus_floor": topk - floor if topk is not None and floor is not None else None,
+        "entropy_floor": floor,
+    }
+    for name, axis, _ in BUDGETS:
+        xs, ys = zip(*[(c[axis], c[1]) for c in curve], strict=True)
+        # a budget before the run's first logged step is not on its curve: no figure, rather than its first loss
+        row[f"train_loss_at_equal_{name}"] = float(np.interp(at[name], xs, ys)) if at[name] >= xs[0] else None
+    row.update({
+        "training_flops": curve[-1][0], "tokens": s["tokens_seen"], "tokens_per_s": tokens_per_s,
+        "achieved_tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None,
+        "peak_memory_gib": _peak_gib(s), "wall_time_s": s["wall_time_s"],
+        "time_breakdown_s": {p: phases[p] for p in PHASES},
+        "cost_usd": s["wall_time_s"] / 3600 * price if price is not None else None,
+        "cost_per_1b_tokens_usd": price / (tokens_per_s * 3600) * 1e9 if price is not None else None,
+        "total_parameters": s["total_parameters"], "active_parameters": s["active_parameters"],
+        "expert_utilisation": _mean(metrics, "moe", "expert_utilisation"),
+        "load_balance": _mean(metrics, "moe", "load_balance"),
+        "dropped_fraction": _mean(metrics, "moe", "dropped_fraction"),
+        "skip_rate": _mean(metrics, "mod", "skip_rate"),
+        "flops_reduction": _mean(metrics, "mod", "flops_reduction"),
+    })
+    return row
+
+
+def _device(price: float | None) -> tuple[str | None, float | None, float | None]:
+    """(GPU key or None, peak TFLOP/s or None, $/hour or None) of this machine."""
     key = detect_device()  # None: a GPU the hardware table does not know (no peak, no price)
     device = DEVICES.get(key)
-    gpu = key if key != "cpu" else None
     if price is None and device is not None:
         price = device.price_per_hour
-    peak_tflops = device.peak_tflops if device else None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    runs = {}
-    for arch in ARCHITECTURES:
-        run_dir = os.path.join(runs_dir, f"{preset}-{arch}-{stamp}")
-        _train(preset, arch, tokens, ds_config, seed, run_dir, warmup_steps)
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            summary = json.load(f)
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            metrics = [json.loads(line) for line in f if line.strip()]
-        config = AdaptiveDSConfig.from_pretrained(os.path.join(run_dir, "final"))  # the model the run trained
-        runs[arch] = {"summary": summary, "metrics": metrics,
-                      "curve": _flops_curve(metrics, config, summary["seq_len"])}
-    floor = runs["dense"]["summary"]["entropy_floor"]
-    budget = min(r["curve"][-1][0] for r in runs.values())
-    table = {}
-    for arch, r in runs.items():
-        s, metrics, curve = r["summary"], r["metrics"], r["curve"]
-        phases = s["time_breakdown_s"]
-        busy = phases["data"] + phases["train"]  # the steady-state training time
-        training_flops = curve[-1][0]
-        achieved = training_flops / busy / 1e12
-        tokens_per_s = s["tokens_seen"] / busy
-        xs, ys = zip(*[(c[0], c[1]) for c in curve], strict=True)
-        table[arch] = {
-            "validation_loss": s["validation_loss"], "perplexity": math.exp(s["validation_loss"]),
-            "loss_minus_floor": s["validation_loss"] - floor,
-            "topk_routing_loss": s.get("validation_loss_topk_routing"),
-            "topk_routing_loss_minus_floor": s.get("validation_loss_topk_routing", s["validation_loss"]) - floor,
-            "train_loss_at_equal_flops": float(np.interp(budget, xs, ys)),
-            "training_flops": training_flops, "tokens": s["tokens_seen"], "tokens_per_s": tokens_per_s,
-            "achieved_tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None,
-            "peak_memory_gib": _peak_gib(s), "wall_time_s": s["wall_time_s"],
-            "time_breakdown_s": {p: phases[p] for p in PHASES},
-            "cost_usd": s["wall_time_s"] / 3600 * price if price is not None else None,
-            "cost_per_1b_tokens_usd": price / (tokens_per_s * 3600) * 1e9 if price is not None else None,
-            "total_parameters": s["total_parameters"], "active_parameters": s["active_parameters"],
-            "expert_utilisation": _mean(metrics, "moe", "expert_utilisation"),
-            "load_balance": _mean(metrics, "moe", "load_balance"),
-            "dropped_fraction": _mean(metrics, "moe", "dropped_fraction"),
-            "skip_rate": _mean(metrics, "mod", "skip_rate"),
-            "flops_reduction": _mean(metrics, "mod", "flops_reduction"),
-        }
-    report = {"preset": preset, "tokens": tokens, "entropy_floor": floor, "equal_flops_budget": budget,
-              "machine": machine(), "gpu": gpu, "peak_tflops": peak_tflops, "price_per_hour": price,
-              "commit": commit(), "date": time.strftime("%Y-%m-%d"), "ds_config": ds_config,
-              "command": f"python -m adaptive_ds.grid --preset {preset} --tokens {tokens} --ds_config {ds_config}"
-                         + (f" --warmup_steps {warmup_steps}" if warmup_steps is not None else ""),
-              "results": table}
+    return (key if key != "cpu" else None), (device.peak_tflops if device else None), price
+
+
+def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = None) -> dict:
+    """Train (or keep) every variant x seed of `spec`, then write the JSON report and the plots; returns the
+    report. Failed runs are listed in it; GridError when none finished."""
+    finished, failed = [], []
+    for variant in spec.variants:
+        for seed in spec.seeds:
+            run_dir = spec.run_dir(runs_dir, variant, seed)
+            kept = os.path.exists(os.path.join(run_dir, "summary.json"))
+            failure = execute(spec.training_args(variant, seed), run_dir)
+            entry = {"variant": variant.name, "seed": seed, "run_dir": run_dir}
+            if failure:
+                logger.error("grid: %s seed %d failed (exit %d); log %s", variant.name, seed, failure["exit"],
+                             failure["log"])
+                failed.append({**entry, **failure})
+            else:
+                finished.append({**entry, "kept": kept, **load_run(run_dir)})
+    if not finished:
+        raise GridError("no run finished; the first failure's log ends:\n" + failed[0]["log_tail"])
+    report = assemble(spec, finished, failed, *_device(price))
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"grid_{preset}.json"), "w") as f:
+    prefix = os.path.join(out_dir, f"grid_{spec.preset}_{spec.data_name}")
+    with open(f"{prefix}.json", "w") as f:
         json.dump(report, f, indent=2)
-    _plot(runs, floor, os.path.join(out_dir, f"grid_{preset}"))
+    curves = {}
+    for r in finished:
+        curves.setdefault(r["variant"], []).append(r["curve"])
+    plot(curves, report["entropy_floor"], prefix)
     return report
 
 
-def _plot(runs: dict, floor: float, prefix: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for axis, name, label in ((0, "flops", "training FLOPs"), (3, "seconds", "wall time (s)"), (2, "tokens", "tokens")):
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        for arch, r in runs.items():
-            ax.plot([c[axis] for c in r["curve"]], [c[1] for c in r["curve"]], label=arch)
-        ax.axhline(floor, color="gray", linestyle="--", label=f"entropy floor {floor:.3f}")
-        ax.set_xlabel(label)
-        ax.set_ylabel("train loss (nats/token)")
-        ax.set_ylim(floor - 0.1, floor + 1.5)
-        ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(f"{prefix}_loss_vs_{name}.png", dpi=110)
-        plt.close(fig)
-
-
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
+def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str | None, peak_tflops: float | None,
+             price: float | None) -> dict:
+    """The report of a grid: `finished` holds each finished run's name (RUN_KEYS) and `load_run` record,
+    `failed` each failure of `execute` with the variant and seed."""
+    at = budgets(finished)
+    rows = [{**{k: r[k] for k in RUN_KEYS}, **run_row(r, at, peak_tflops, price)} for r in finished]
+    trained = {k: sorted({r["trained"][k] for r in rows}) for k in ("commit", "machine", "date")}
+    floors = [r["entropy_floor"] for r in rows]
+    names = [v.name for v in spec.variants if any(r["variant"] == v.name for r in rows)]
+    return {
+        "preset": spec.preset, "data": spec.data, "data_name": spec.data_name, "tokens": spec.tokens,
+        "seeds": list(spec.seeds), "baseline": spec.baseline,
+        "variants": {v.name: {"arch": v.arch, "model": v.model, "controller": v.controller} for v in spec.variants},
+        "entropy_floor": None if None in floors else sum(floors) / len(floors), "budgets": at,
+        "machine": "; ".join(trained["machine"]), "gpu": gpu, "peak_tflops": peak_tflops, "price_per_hour": price,
+        "commit": ", ".join(trained["commit"]),
+        "date": " to ".join(dict.fromkeys([trained["date"][0], trained["date"][-1]])),  # one date, or a range
+        "ds_config": spec.ds_config, "command": spec.command(), "runs": rows, "failed": failed,
+        "results": {name: aggregate([r for r in rows if r["variant"] == name]) for name in names},
+        "comparisons": compare(rows, spec.baseline),
+    }
 
 
-def _money(value: float | None, spec: str) -> str:
-    return "-" if value is None else f"${value:{spec}}"
+def write_section(path: str, report: dict, text: str) -> None:
+    """Replace (or append) the grid section of the report's preset and data in BENCHMARKS.md."""
+    replace_section(path, f"grid:{report['preset']}:{report['data_name']}", text,
+                    f"Benchmark grid, {report['preset']} on {report['data']} (measured)")
 
 
-def markdown(report: dict) -> str:
-    results = report["results"]
-    gpu = report["peak_tflops"] is not None
-    price = report["price_per_hour"]
-    lines = [
-        f"Measured {report['date']} on {report['machine']}, commit {report['commit']}: `{report['command']}` "
-        f"({report['tokens']:,} tokens per architecture, one process each, seed 1234; entropy floor "
-        f"{report['entropy_floor']:.4f} nats/token). "
-        + (f"Costs at ${price:.2f}/hour (`adaptive_ds/hardware.py`; `--price` to change). " if price is not None
-           else "No price is known for this device, so no costs: pass `--price`. ")
-        + "'-' marks a figure that does not apply.",
-        "",
-        "| arch | params (total / active) | validation loss | perplexity | loss - floor | top-k routing loss - floor "
-        "| train loss at equal FLOPs | tokens/s | " + ("MFU" if gpu else "achieved TFLOP/s") +
-        " | peak memory | wall time | cost | $ per 1B tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arch, r in results.items():
-        speed = _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "%") if gpu else _fmt(r["achieved_tflops"], ".3f")
-        topk = _fmt(r["topk_routing_loss_minus_floor"], ".4f") if r["topk_routing_loss"] is not None else "-"
-        lines.append(
-            f"| {arch} | {r['total_parameters']:,} / {r['active_parameters']:,} | {r['validation_loss']:.4f} | "
-            f"{r['perplexity']:.3f} | {r['loss_minus_floor']:.4f} | {topk} | {r['train_loss_at_equal_flops']:.4f} | "
-            f"{r['tokens_per_s']:,.0f} | {speed} | {r['peak_memory_gib']:.2f} GiB | {r['wall_time_s']:.0f} s | "
-            f"{_money(r['cost_usd'], '.4f')} | {_money(r['cost_per_1b_tokens_usd'], ',.2f')} |")
-    lines += [
-        "",
-        "| arch | expert utilisation | load balance | dropped | skip rate | FLOPs reduction | training FLOPs | "
-        "setup | data | train | checkpoint | eval | other |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arch, r in results.items():
-        t = r["time_breakdown_s"]
-        lines.append(
-            f"| {arch} | {_fmt(r['expert_utilisation'] and 100 * r['expert_utilisation'], '.1f', '%')} | "
-            f"{_fmt(r['load_balance'], '.3f')} | {_fmt(r['dropped_fraction'], '.1%')} | "
-            f"{_fmt(r['skip_rate'], '.1%')} | {_fmt(r['flops_reduction'], '.1%')} | {r['training_flops']:.3g} | "
-            + " | ".join(f"{t[p]:.1f} s" for p in PHASES) + " |")
-    return "\n".join(lines)
-
-
-def write_section(path: str, preset: str, text: str) -> None:
-    """Replace (or append) the grid section for `preset` in BENCHMARKS.md."""
-    replace_section(path, f"grid:{preset}", text, f"Benchmark grid, {preset} (measured)")
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Train the four architectures side by side and report the tables.")
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Train variants x seeds side by side and report the tables.")
     p.add_argument("--preset", nargs="+", default=["debug"], choices=list(PRESETS),
                    help="one or more presets; each gets its own section")
+    p.add_argument("--variants", nargs="+", default=list(ARCHITECTURES),
+                   help=f"named variants ({', '.join(VARIANTS)}) or NAME+{{JSON of model overrides}}")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="each variant trains once per seed")
+    p.add_argument("--baseline", default="dense", help="the variant the others are compared with")
     p.add_argument("--tokens", type=int, default=1_000_000)
+    p.add_argument("--data", default=EMBEDDED, help="as the training's --data: embedded, local files, a prepared "
+                                                     "directory, ...")
+    p.add_argument("--tokenizer", help="as the training's --tokenizer (text data)")
     p.add_argument("--ds_config", default="ds_configs/debug_cpu.json")
     p.add_argument("--warmup_steps", type=int,
                    help="learning-rate warm-up of every run (default: the ds_config's; a GPU config's 2000 steps "
                         "are meant for its 20000)")
     p.add_argument("--price", type=float, help="$ per device-hour (default: adaptive_ds/hardware.py's table)")
     p.add_argument("--out", default="benchmarks", help="the JSON report and PNG figures")
-    p.add_argument("--runs", default="runs/grid", help="the training runs themselves")
+    p.add_argument("--runs", default="runs/grid", help="the training runs; the same directory continues a grid")
     p.add_argument("--benchmarks_md", default="BENCHMARKS.md")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:  # a broken config fails here, in one line, not in the first of the runs
+    return p.parse_args(argv)
+
+
+def specs(args: argparse.Namespace) -> list[GridSpec]:
+    """One GridSpec per preset, every run's settings checked as its training run will check them: a bad variant,
+    data or config fails here, in one line, not after hours of other runs."""
+    from .training.arguments import ConfigError, parse
+
+    try:
         ds_config_reader.read(ds_config_reader.load(args.ds_config))
-    except ds_config_reader.ConfigError as error:
+        variants = tuple(parse_variant(text) for text in args.variants)
+    except (ds_config_reader.ConfigError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
-    for preset in args.preset:
+    for what, values in (("variant", [v.name for v in variants]), ("seed", args.seeds)):
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            raise SystemExit(f"error: {what}(s) {', '.join(repeated)} given twice; each trains once")
+    found = [GridSpec(preset, variants, tuple(args.seeds), args.tokens, args.ds_config, args.data, args.tokenizer,
+                      args.warmup_steps, args.baseline) for preset in args.preset]
+    for spec in found:
+        for variant in variants:
+            try:
+                parse(spec.training_args(variant, args.seeds[0]), world_size=1)
+            except ConfigError as error:
+                raise SystemExit(f"error: variant {variant.name}: {error}") from None
+    if len(args.seeds) < 2:
+        logger.warning("one seed: no standard deviations and no verdicts (pass --seeds 1 2 3)")
+    if args.baseline not in [v.name for v in variants]:
+        logger.warning("the baseline %r is not among the variants: no comparison table", args.baseline)
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    failed = []
+    for spec in specs(args):
         try:
-            report = run_grid(preset, args.tokens, args.out, args.ds_config, args.runs, price=args.price,
-                              warmup_steps=args.warmup_steps)
+            report = run_grid(spec, args.out, args.runs, price=args.price)
         except GridError as error:
             raise SystemExit(f"error: {error}") from None
         text = markdown(report)
-        write_section(args.benchmarks_md, preset, text)
+        write_section(args.benchmarks_md, report, text)
         print(text)
+        failed += [f"{spec.preset} {f['variant']} seed {f['seed']} (log {f['log']})" for f in report["failed"]]
+    if failed:
+        raise SystemExit(f"error: {len(failed)} run(s) failed: {'; '.join(failed)}; the tables cover the others; "
+                         "the same command retries them and keeps the finished runs")
 
 
 if __name__ == "__main__":

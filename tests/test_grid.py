@@ -1,67 +1,216 @@
-"""The benchmark grid trains every architecture in its own process and writes the seed's tables."""
+"""The benchmark grid: variants x seeds, their statistics against hand-worked numbers, the tables from synthetic
+runs, and one real grid of one tiny run that a second invocation keeps untouched."""
 
 import json
+import math
+import os
+import re
 
 import pytest
 from conftest import write_ds_config
 
-from adaptive_ds.grid import PHASES, GridError, markdown, run_grid, write_section
+from adaptive_ds.grid import (
+    PHASES,
+    VARIANTS,
+    GridSpec,
+    assemble,
+    budgets,
+    main,
+    parse_variant,
+    run_grid,
+    run_row,
+    write_section,
+)
+from adaptive_ds.grid_tables import difference, markdown, plot, spread, verdict
+from adaptive_ds.training.arguments import parse
+
+TRAINED = {"commit": "abc1234", "machine": "test CPU", "date": "2026-11-30"}
 
 
-@pytest.mark.slow  # four training subprocesses
-def test_grid_reports_every_architecture_and_rewrites_its_section(tmp_path):
-    # a config that names C4 (as the GPU configs do): the grid still trains offline on the embedded corpus
-    config = write_ds_config(tmp_path, micro=16, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
-    report = run_grid("debug", 8192, str(tmp_path / "out"), config, str(tmp_path / "runs"), price=0.5,
-                      warmup_steps=5)
-    results = report["results"]
-    # the runs warmed up over 5 steps (the config says 1): the first step's learning rate is below the peak 3e-3
-    first = json.loads(next((tmp_path / "runs").glob("debug-dense-*/metrics.jsonl")).read_text().splitlines()[0])
-    assert first["step"] == 1 and first["lr"] < 0.5 * 3e-3 and "--warmup_steps 5" in report["command"]
-    assert set(results) == {"dense", "moe", "mod", "hybrid"}
-    for arch, r in results.items():
-        assert r["tokens"] == 8192 and r["training_flops"] >= report["equal_flops_budget"]
-        assert r["loss_minus_floor"] == r["validation_loss"] - report["entropy_floor"]
-        assert all(r["time_breakdown_s"][p] >= 0 for p in PHASES) and r["time_breakdown_s"]["train"] > 0
-        assert sum(r["time_breakdown_s"].values()) == pytest.approx(r["wall_time_s"])
-        assert 0.1 < r["peak_memory_gib"] < 8  # each run's own process: a real, separate high-water mark
-        assert r["cost_usd"] == pytest.approx(r["wall_time_s"] / 3600 * 0.5)
-        assert r["cost_per_1b_tokens_usd"] == pytest.approx(0.5 / (r["tokens_per_s"] * 3600) * 1e9)
-        assert r["mfu"] is None and r["achieved_tflops"] > 0  # no GPU: achieved TFLOP/s instead of MFU
-        assert (r["load_balance"] is not None) == (arch in ("moe", "hybrid"))
-        assert (r["skip_rate"] is not None) == (arch in ("mod", "hybrid"))
-    assert 0 < results["moe"]["load_balance"] <= 1 and results["moe"]["expert_utilisation"] > 0
-    assert results["mod"]["skip_rate"] == pytest.approx(0.5) and results["mod"]["flops_reduction"] > 0.4
-    assert results["mod"]["topk_routing_loss"] is not None and results["dense"]["topk_routing_loss"] is None
-    for name in ("flops", "seconds", "tokens"):
-        assert (tmp_path / "out" / f"grid_debug_loss_vs_{name}.png").stat().st_size > 10_000
-    assert json.loads((tmp_path / "out" / "grid_debug.json").read_text())["preset"] == "debug"
+def test_spread_difference_and_the_two_sd_rule_against_hand_worked_numbers():
+    s = spread([1.0, 2.0, 3.0, 4.0])
+    assert s["mean"] == 2.5 and s["sd"] == pytest.approx(math.sqrt(5 / 3)) and (s["min"], s["max"], s["n"]) == (1, 4, 4)
+    assert spread([2.0])["sd"] is None
+    # paired by seed: differences -0.05, -0.06, -0.08 -> mean -0.063333, sd sqrt(4.6667e-4 / 2) = 0.015275
+    d = difference({1: 1.50, 2: 1.60, 3: 1.70}, {1: 1.55, 2: 1.66, 3: 1.78})
+    assert d["paired"] and d["n"] == 3
+    assert d["difference"] == pytest.approx(-0.0633333) and d["sd"] == pytest.approx(0.0152753, rel=1e-5)
+    assert verdict(d["difference"], d["sd"]) == "better"
+    # no seed in common: 1.1 - 1.2, sd sqrt(0.141421^2 + 0.173205^2) = sqrt(0.02 + 0.03) = 0.223607
+    u = difference({4: 1.0, 5: 1.2}, {1: 1.1, 2: 1.1, 3: 1.4})
+    assert not u["paired"] and u["n"] == 2
+    assert u["difference"] == pytest.approx(-0.1) and u["sd"] == pytest.approx(math.sqrt(0.05))
+    assert verdict(u["difference"], u["sd"]) == "tie"
+    # one seed in common is not a pairing; a side with one seed has no sd, so no verdict
+    one = difference({1: 2.0, 4: 2.2}, {1: 2.5})
+    assert not one["paired"] and one["difference"] == pytest.approx(-0.4) and one["sd"] is None
+    assert verdict(one["difference"], one["sd"]) is None
+    assert verdict(0.05, 0.025) == "tie" and verdict(0.0501, 0.025) == "worse" and verdict(-0.06, 0.025) == "better"
+    assert verdict(0.0, 0.0) == "tie" and verdict(float("nan"), 0.1) is None
+
+
+def _record(variant: str, seed: int, curve: list[tuple], validation: float, topk: float | None = None,
+            floor: float | None = 1.5, routing: dict | None = None) -> dict:
+    """A finished run as load_run reads it: summary, metrics, curve (FLOPs, loss, tokens, training seconds)."""
+    phases = {"setup": 2.0, "data": 1.0, "train": 6.0, "checkpoint": 0.5, "eval": 0.4, "other": 0.1}
+    summary = {"validation_loss": validation, "validation_loss_se": 0.01, "tokens_seen": curve[-1][2],
+               "wall_time_s": 10.0, "time_breakdown_s": {**phases, "total": 10.0},
+               "peak_memory": {"device": "cpu", "peak_rss_bytes": 2**30}, "total_parameters": 1000,
+               "active_parameters": 600}
+    if floor is not None:
+        summary["entropy_floor"] = floor
+    if topk is not None:
+        summary.update(validation_loss_topk_routing=topk, validation_loss_topk_routing_se=0.02)
+    metrics = [{"loss": c[1], "tokens_seen": c[2], "elapsed_s": c[3] + 2.0, **(routing or {})} for c in curve]
+    return {"variant": variant, "seed": seed, "run_dir": f"runs/{variant}-{seed}", "kept": False, "trained": TRAINED,
+            "summary": summary, "metrics": metrics, "curve": curve}
+
+
+def _synthetic_grid(floor: float | None = 1.5) -> tuple[GridSpec, list[dict], list[dict]]:
+    """dense on seeds 1-3, mod on 1-2 (its seed 3 failed), moe on seed 1 only."""
+    spec = GridSpec("debug", tuple(map(parse_variant, ["dense", "mod", "moe"])), (1, 2, 3), 2000, "ds.json",
+                    data="embedded:hard")
+    mod_routing = {"mod": {"skip_rate": 0.5, "flops_reduction": 0.5}}
+    moe_routing = {"moe": {"expert_utilisation": 1.0, "load_balance": 0.9, "dropped_fraction": 0.05}}
+    finished = [_record("dense", s, [(1e12, 3.0 + d, 1000, 2.0), (2e12, 2.0 + d, 2000, 10.0)], 2.0 + d, floor=floor)
+                for s, d in ((1, 0.0), (2, 0.1), (3, 0.2))]
+    finished += [_record("mod", s, [(0.5e12, 2.8, 1000, 2.0), (1.5e12, 1.8, 2000, 4.0)], v, topk=t, floor=floor,
+                         routing=mod_routing) for s, v, t in ((1, 1.95, 1.90), (2, 2.08, 1.96))]
+    finished.append(_record("moe", 1, [(2e12, 2.9, 1000, 3.0), (4e12, 1.9, 2000, 12.0)], 2.05, floor=floor,
+                            routing=moe_routing))
+    failed = [{"variant": "mod", "seed": 3, "run_dir": "runs/mod-3", "exit": 1, "log": "runs/mod-3.log",
+               "log_tail": "Traceback (most recent call last):\nRuntimeError: out of patience\n"}]
+    return spec, finished, failed
+
+
+def test_run_figures_are_read_at_the_smallest_budget_any_run_reached():
+    _, finished, _ = _synthetic_grid()
+    at = budgets(finished)
+    assert at == {"flops": 1.5e12, "tokens": 2000, "seconds": 4.0}
+    dense = run_row(finished[1], at, peak_tflops=100.0, price=0.5)  # seed 2: losses 3.1 -> 2.1
+    assert dense["train_loss_at_equal_flops"] == pytest.approx(2.6)  # halfway from 1e12 to 2e12
+    assert dense["train_loss_at_equal_tokens"] == pytest.approx(2.1)
+    assert dense["train_loss_at_equal_seconds"] == pytest.approx(3.1 - 2 / 8)  # 4 s of 2..10 s
+    assert dense["tokens_per_s"] == pytest.approx(2000 / 7)  # data + train phases
+    assert dense["achieved_tflops"] == pytest.approx(2e12 / 7 / 1e12) and dense["mfu"] == pytest.approx(
+        dense["achieved_tflops"] / 100)
+    assert dense["cost_usd"] == pytest.approx(10 / 3600 * 0.5)
+    assert dense["cost_per_1b_tokens_usd"] == pytest.approx(0.5 / (2000 / 7 * 3600) * 1e9)
+    assert dense["loss_minus_floor"] == pytest.approx(0.6) and dense["topk_routing_loss"] is None
+    assert dense["peak_memory_gib"] == 1.0 and set(dense["time_breakdown_s"]) == set(PHASES)
+    mod = run_row(finished[3], at, peak_tflops=None, price=None)
+    assert mod["skip_rate"] == 0.5 and mod["load_balance"] is None and mod["mfu"] is None and mod["cost_usd"] is None
+    assert mod["topk_routing_loss_minus_floor"] == pytest.approx(0.4) and mod["topk_routing_loss_se"] == 0.02
+
+
+def _table(text: str, first_header: str) -> dict[str, list[str]]:
+    """{first cell: cells} of the Markdown table whose header starts with `first_header`."""
+    block = re.search(rf"^\| {re.escape(first_header)} .*?(?=\n\n|\Z)", text, flags=re.M | re.S).group(0)
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in block.splitlines()]
+    return {row[0]: row[1:] for row in [rows[0], *rows[2:]]}
+
+
+def test_report_tables_and_figures_from_synthetic_runs(tmp_path):
+    spec, finished, failed = _synthetic_grid()
+    report = assemble(spec, finished, failed, gpu=None, peak_tflops=None, price=0.5)
+    json.dumps(report)  # the JSON report holds plain data only
+    assert report["entropy_floor"] == 1.5 and report["commit"] == "abc1234" and report["date"] == "2026-11-30"
+    dense, mod = report["results"]["dense"], report["results"]["mod"]
+    assert dense["validation_loss"]["mean"] == pytest.approx(2.1)
+    assert dense["validation_loss"]["sd"] == pytest.approx(0.1)
+    assert mod["validation_loss"]["n"] == 2 and mod["skip_rate"]["mean"] == 0.5 and dense["skip_rate"] is None
+    assert report["results"]["moe"]["validation_loss"]["sd"] is None
+    c = report["comparisons"]["mod"]
+    # validation: -0.05, -0.02 -> -0.035 +- 0.021213: within 2 sd, a tie
+    assert c["validation_loss"]["paired"] and c["validation_loss"]["difference"] == pytest.approx(-0.035)
+    assert c["validation_loss"]["sd"] == pytest.approx(0.0212132) and c["validation_loss"]["verdict"] == "tie"
+    # top-k routing against dense's only validation loss: -0.10, -0.14 -> -0.12 +- 0.028284
+    assert c["topk_routing_loss"]["difference"] == pytest.approx(-0.12)
+    assert c["topk_routing_loss"]["verdict"] == "better"
+    # equal FLOPs (1.5e12): mod 1.8, dense 2.5 and 2.6 -> -0.75 +- 0.070711
+    assert c["train_loss_at_equal_flops"]["difference"] == pytest.approx(-0.75)
+    assert c["train_loss_at_equal_flops"]["verdict"] == "better"
+    assert report["comparisons"]["moe"]["validation_loss"]["verdict"] is None  # one seed
     text = markdown(report)
-    assert "achieved TFLOP/s" in text and "$0.50/hour" in text and "| hybrid |" in text
-    assert "no costs: pass `--price`" in markdown({**report, "price_per_hour": None})  # a device without a price
-    rows = text.splitlines()
-    assert any(row.startswith("| mod | - | - | - | 50.0% |") for row in rows)  # no experts; half the tokens skip
-    assert any(row.startswith("| dense | - | - | - | - | - |") for row in rows)
+    assert "`python -m adaptive_ds.grid --preset debug --tokens 2000 --ds_config ds.json --data embedded:hard " \
+           "--variants dense mod moe --seeds 1 2 3`" in text and "commit abc1234" in text and "test CPU" in text
+    assert "entropy floor 1.5000" in text and "1.5e+12 training FLOPs, 2,000 tokens, 4.0 training seconds" in text
+    quality = _table(text, "variant | params")
+    assert quality["variant"][2:4] == ["its SE (per run)", "loss - floor"]
+    assert quality["dense"][1:4] == ["2.1000 ± 0.1000", "0.0100", "0.6000 ± 0.1000"]
+    assert quality["mod"][1] == "2.0150 ± 0.0919 (n=2)" and quality["mod"][5] == "1.8000 ± 0.0000 (n=2)"
+    assert quality["moe"][1] == "2.0500 (n=1)" and quality["dense"][4] == "-"
+    versus = _table(text, "variant | validation loss")
+    assert versus["mod"] == ["-0.0350 ± 0.0212 tie", "-0.1200 ± 0.0283 better", "-0.7500 ± 0.0707 better",
+                             "-0.2500 ± 0.0707 better", "-1.0000 ± 0.0707 better", "2 paired"]
+    assert versus["moe"][0] == "-0.0500 (one seed: no verdict)" and versus["moe"][-1] == "unpaired"
+    # moe's first logged step already spent more than the equal-FLOPs budget: no figure rather than a clamped one
+    assert quality["moe"][5] == "-" and versus["moe"][2] == "-" and quality["moe"][6] == "1.9000 (n=1)"
+    cost = _table(text, "variant | tokens/s")
+    assert cost["variant"][1] == "achieved TFLOP/s" and cost["dense"][-2:] == ["$0.0014", "$486.11"]
+    routing = _table(text, "variant | expert utilisation")
+    assert routing["moe"][:3] == ["100.0%", "0.900", "5.0%"] and routing["mod"][3:5] == ["50.0%", "50.0%"]
+    assert routing["dense"][:5] == ["-"] * 5 and routing["dense"][6:] == ["2.0 s", "1.0 s", "6.0 s", "0.5 s", "0.4 s",
+                                                                         "0.1 s"]
+    assert "Failed: `mod` seed 3 (exit 1, log `runs/mod-3.log`" in text and "RuntimeError: out of patience" in text
+    # data without an entropy floor: no floor column, and the header says so
+    bare = markdown(assemble(*_synthetic_grid(floor=None), gpu=None, peak_tflops=None, price=None))
+    assert "loss - floor" not in bare and "no known entropy floor" in bare and "no costs: pass `--price`" in bare
+    curves = {}
+    for r in finished:
+        curves.setdefault(r["variant"], []).append(r["curve"])
+    plot(curves, 1.5, str(tmp_path / "grid"))
+    for name in ("flops", "seconds", "tokens"):
+        assert (tmp_path / f"grid_loss_vs_{name}.png").stat().st_size > 10_000
+
+
+def test_the_section_is_keyed_by_preset_and_data(tmp_path):
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\nearlier text\n")
-    write_section(str(md), "debug", text)
-    write_section(str(md), "debug", "second version")
+    report = {"preset": "debug", "data": "embedded:hard", "data_name": "embedded-hard"}
+    write_section(str(md), report, "first version")
+    write_section(str(md), report, "second version")
+    write_section(str(md), {**report, "data": "embedded", "data_name": "embedded"}, "plain corpus")
     content = md.read_text()
-    assert "earlier text" in content and content.count("<!-- grid:debug -->") == 1 and "second version" in content
-    assert "load balance" not in content  # the first version was replaced, not kept
+    assert "earlier text" in content and content.count("<!-- grid:debug:embedded-hard -->") == 1
+    assert "second version" in content and "first version" not in content and "<!-- grid:debug:embedded -->" in content
+    names = {data: GridSpec("debug", (), (1,), 1, "x", data=data).data_name
+             for data in ("embedded", "embedded:hard", "/data/docstrings.json.gz", "prepared/docs/")}
+    assert names == {"embedded": "embedded", "embedded:hard": "embedded-hard",
+                     "/data/docstrings.json.gz": "docstrings", "prepared/docs/": "docs"}
 
 
-@pytest.mark.slow
-def test_a_failed_run_names_the_architecture(tmp_path):
-    broken = tmp_path / "broken.json"
-    broken.write_text("{not json")
-    with pytest.raises(GridError, match="the dense run failed .*broken.json"):
-        run_grid("debug", 4096, str(tmp_path / "out"), str(broken), str(tmp_path / "runs"))
+def test_variants_are_named_or_a_name_with_json_overrides(tmp_path):
+    assert parse_variant("moe") == parse_variant("moe") and parse_variant("mod").model == {}
+    dropless = parse_variant('moe:dropless+{"router_aux_loss_coef": 0, "controller": {"spike_sigma": 3}}')
+    assert dropless.arch == "moe" and dropless.model == {"moe_drop_tokens": False, "router_aux_loss_coef": 0}
+    assert dropless.controller == {"spike_sigma": 3}
+    with pytest.raises(ValueError, match=r"unknown variant 'moe:bias'; valid: dense, moe, mod, hybrid, moe:dropless"):
+        parse_variant("moe:bias")
+    with pytest.raises(ValueError, match=r"what follows '\+' is not JSON"):
+        parse_variant("moe+{drop}")
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        parse_variant("moe+[1]")
+    # every named variant is a run the trainer accepts (the settings check the training run itself applies)
+    config = write_ds_config(tmp_path)
+    for name in VARIANTS:
+        spec = GridSpec("debug", (parse_variant(name),), (1,), 4096, config)
+        settings, _ = parse(spec.training_args(spec.variants[0], 1) + ["--output_dir", str(tmp_path / name)], 1)
+        assert settings.arch == VARIANTS[name]["arch"] and settings.model == VARIANTS[name].get("model", {})
+        assert settings.controller == VARIANTS[name].get("controller", {})
 
 
-def test_the_command_refuses_a_missing_config_and_an_unknown_preset(tmp_path, capsys):
-    from adaptive_ds.grid import main
-
+def test_the_command_refuses_bad_variants_seeds_configs_and_presets(tmp_path, capsys):
+    config = write_ds_config(tmp_path)
+    with pytest.raises(SystemExit, match=r"unknown variant 'moe:bias'; valid: dense, moe, mod, hybrid, moe:dropless"):
+        main(["--ds_config", config, "--variants", "dense", "moe:bias"])
+    with pytest.raises(SystemExit, match=r"variant dense\+\{\"no_such_field\": 1\}: unknown model field\(s\) "
+                                         r"no_such_field; valid: "):
+        main(["--ds_config", config, "--variants", 'dense+{"no_such_field": 1}'])
+    with pytest.raises(SystemExit, match=r"variant mod: .*data path '/nowhere/x.jsonl' does not exist"):
+        main(["--ds_config", config, "--variants", "mod", "--data", "/nowhere/x.jsonl"])
+    with pytest.raises(SystemExit, match=r"seed\(s\) 2 given twice"):
+        main(["--ds_config", config, "--seeds", "1", "2", "2"])
     with pytest.raises(SystemExit, match="ds_config .*none.json' does not exist; pass a JSON file such as ds_configs/"):
         main(["--ds_config", str(tmp_path / "none.json")])
     half = tmp_path / "half.json"
@@ -72,3 +221,50 @@ def test_the_command_refuses_a_missing_config_and_an_unknown_preset(tmp_path, ca
     with pytest.raises(SystemExit):
         main(["--preset", "debug", "b3"])
     assert "invalid choice: 'b3'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing trained
+
+
+def _files(directory) -> dict[str, tuple[int, int]]:
+    return {os.path.relpath(os.path.join(d, f), directory): (os.stat(os.path.join(d, f)).st_mtime_ns,
+                                                             os.path.getsize(os.path.join(d, f)))
+            for d, _, names in os.walk(directory) for f in names}
+
+
+@pytest.mark.slow  # one real training run, then a second invocation that keeps it and reports a failing run
+def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
+    # a config that names C4 (as the GPU configs do): the grid trains on its own --data (the embedded corpus)
+    config = write_ds_config(tmp_path, micro=8, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
+    out, runs, md = str(tmp_path / "out"), str(tmp_path / "runs"), tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n")
+    main(["--variants", "mod", "--seeds", "1", "--tokens", "4096", "--ds_config", config, "--warmup_steps", "5",
+          "--price", "0.5", "--out", out, "--runs", runs, "--benchmarks_md", str(md)])
+    report = json.loads((tmp_path / "out" / "grid_debug_embedded.json").read_text())
+    assert "<!-- grid:debug:embedded -->" in md.read_text() and "\n| mod | 853,888 / 460,160 | " in md.read_text()
+    (row,) = report["runs"]
+    first = json.loads(open(os.path.join(row["run_dir"], "metrics.jsonl")).readline())
+    # the run warmed up over 5 steps (the config says 1): the first step's learning rate is below the peak 3e-3
+    assert first["step"] == 1 and first["lr"] < 0.5 * 3e-3 and "--warmup_steps 5" in report["command"]
+    assert row["tokens"] == 4096 and not row["kept"] and row["validation_loss_se"] > 0
+    assert row["skip_rate"] == pytest.approx(0.5) and row["flops_reduction"] > 0.4 and row["load_balance"] is None
+    assert row["topk_routing_loss"] is not None and row["loss_minus_floor"] > 0 and report["entropy_floor"] > 1
+    assert sum(row["time_breakdown_s"].values()) == pytest.approx(row["wall_time_s"])
+    assert 0.1 < row["peak_memory_gib"] < 8 and row["mfu"] is None and row["achieved_tflops"] > 0
+    assert report["commit"] != "unknown" and report["comparisons"] == {}  # no dense in this grid
+    for name in ("flops", "seconds", "tokens"):
+        assert (tmp_path / "out" / f"grid_debug_embedded_loss_vs_{name}.png").stat().st_size > 10_000
+    before = _files(row["run_dir"])
+    # the same grid again, with a variant the trainer refuses, whose earlier attempt left a partial directory
+    # (through run_grid: the command would refuse this variant before training anything)
+    broken = parse_variant('dense+{"no_such_field": 1}')
+    spec = GridSpec("debug", (parse_variant("mod"), broken), (1,), 4096, config, warmup_steps=5)
+    partial = spec.run_dir(runs, broken, 1)
+    os.makedirs(partial)
+    open(os.path.join(partial, "metrics.jsonl"), "w").close()
+    again = run_grid(spec, out, runs)
+    assert _files(row["run_dir"]) == before and again["runs"][0]["kept"]  # not retrained, not rewritten
+    assert again["runs"][0]["validation_loss"] == row["validation_loss"]
+    (failure,) = again["failed"]
+    assert failure["variant"] == broken.name and failure["exit"] != 0
+    assert "unknown model field(s) no_such_field" in failure["log_tail"]
+    assert os.path.exists(os.path.join(f"{partial}.failed", "metrics.jsonl"))  # the earlier attempt, set aside
+    assert "unknown model field(s) no_such_field" in markdown(again)

@@ -1,0 +1,272 @@
+"""The grid's statistics across seeds, its Markdown tables and its figures: functions of the runs' figures.
+
+`spread` (mean and sample standard deviation over seeds), `difference` (against the baseline, paired by seed
+where possible), `verdict` (better / worse only beyond two standard deviations), `aggregate` and `compare` (a
+whole grid's rows), `markdown` (the BENCHMARKS.md section) and `plot` (loss against FLOPs, tokens and seconds,
+mean over the seeds with their min..max band). adaptive_ds/grid.py trains the runs and reads their figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from .training.metrics import PhaseClock
+
+PHASES = (*PhaseClock.PHASES, "other")
+# The budgets at which train losses are compared: (name, index in a curve point, label).
+BUDGETS = (("flops", 0, "training FLOPs"), ("tokens", 2, "tokens"), ("seconds", 3, "training seconds"))
+# Quality figures compared with the baseline; lower is better for each.
+COMPARED = ("validation_loss", "topk_routing_loss", "train_loss_at_equal_flops", "train_loss_at_equal_tokens",
+            "train_loss_at_equal_seconds")
+# What names a run in the report's rows, not a figure of it.
+RUN_KEYS = ("variant", "seed", "run_dir", "kept", "trained")
+
+
+def spread(values: list[float]) -> dict:
+    """Mean, sample standard deviation (n - 1 in the denominator; None for a single value), min, max, n."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    return {"mean": mean, "sd": sd, "min": min(values), "max": max(values), "n": n}
+
+
+def difference(variant: dict[int, float], baseline: dict[int, float]) -> dict:
+    """variant - baseline over seeds ({seed: figure} each) and its standard deviation. With two or more seeds in
+    common, paired: the mean and sd of the per-seed differences (the seed's data order and held-out set are
+    shared, so their noise cancels). Otherwise unpaired: the difference of the means, with the sd of the
+    difference of two single runs, sqrt(sd_v^2 + sd_b^2) (None when either side has one seed)."""
+    common = sorted(set(variant) & set(baseline))
+    if len(common) >= 2:
+        d = spread([variant[s] - baseline[s] for s in common])
+        return {"difference": d["mean"], "sd": d["sd"], "paired": True, "n": d["n"]}
+    v, b = spread(list(variant.values())), spread(list(baseline.values()))
+    sd = math.hypot(v["sd"], b["sd"]) if v["sd"] is not None and b["sd"] is not None else None
+    return {"difference": v["mean"] - b["mean"], "sd": sd, "paired": False, "n": min(v["n"], b["n"])}
+
+
+def verdict(diff: float, sd: float | None) -> str | None:
+    """For a loss (lower is better): 'better' or 'worse' only when the difference exceeds two standard
+    deviations, else 'tie'; None without a standard deviation (one seed)."""
+    if sd is None or math.isnan(diff) or math.isnan(sd):
+        return None
+    if abs(diff) <= 2 * sd:
+        return "tie"
+    return "better" if diff < 0 else "worse"
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """The `spread` of every figure of a variant's runs (nested dicts recursively); None where a figure does
+    not apply (a None in any run)."""
+    out = {}
+    for key, first in rows[0].items():
+        if key in RUN_KEYS:
+            continue
+        values = [r[key] for r in rows]
+        if isinstance(first, dict):
+            out[key] = aggregate(values)
+        else:
+            out[key] = spread([float(v) for v in values]) if all(_numeric(v) for v in values) else None
+    return out
+
+
+def _compared(row: dict, metric: str) -> float:
+    # a model without routing has one validation loss: its top-k routing loss is that
+    return row["validation_loss"] if metric == "topk_routing_loss" and row[metric] is None else row[metric]
+
+
+def compare(rows: list[dict], baseline: str) -> dict:
+    """{variant: {figure: difference + verdict}} against the baseline variant's runs of the same seeds."""
+    by_variant: dict[str, dict[int, dict]] = {}
+    for r in rows:
+        by_variant.setdefault(r["variant"], {})[r["seed"]] = r
+    if baseline not in by_variant:
+        return {}
+    base = by_variant[baseline]
+    out = {}
+    for name, runs in by_variant.items():
+        if name == baseline:
+            continue
+        out[name] = {}
+        for metric in COMPARED:
+            # a figure a run lacks (a budget before its first logged step) leaves that seed out
+            values, reference = ({s: v for s, r in side.items() if (v := _compared(r, metric)) is not None}
+                                 for side in (runs, base))
+            d = difference(values, reference) if values and reference else None
+            out[name][metric] = d and {**d, "verdict": verdict(d["difference"], d["sd"])}
+    return out
+
+
+def _band(curves: list[list[tuple]], axis: int) -> tuple[np.ndarray, ...]:
+    """x, and the mean, min and max over the seeds' curves interpolated on the x range they all cover."""
+    lo, hi = max(c[0][axis] for c in curves), min(c[-1][axis] for c in curves)
+    xs = np.linspace(lo, hi, 100) if hi > lo else np.array([hi])
+    ys = np.array([np.interp(xs, [p[axis] for p in c], [p[1] for p in c]) for c in curves])
+    return xs, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
+
+
+def plot(curves: dict[str, list[list[tuple]]], floor: float | None, prefix: str) -> None:
+    """PREFIX_loss_vs_{flops,tokens,seconds}.png: per variant the mean train loss over its seeds, with a band
+    from the lowest to the highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name, axis, label in BUDGETS:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        finals = []
+        for variant, runs in curves.items():
+            xs, mean, low, high = _band(runs, axis)
+            (line,) = ax.plot(xs, mean, label=f"{variant} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+            if len(runs) > 1:
+                ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            finals.append(mean[-1])
+        if floor is not None:
+            ax.axhline(floor, color="gray", linestyle="--", label=f"entropy floor {floor:.3f}")
+        bottom = (floor if floor is not None else min(finals)) - 0.1
+        ax.set_ylim(bottom, bottom + 1.6)  # the early steps' losses would flatten the part that differs
+        ax.set_xlabel(label)
+        ax.set_ylabel("train loss (nats/token)")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(f"{prefix}_loss_vs_{name}.png", dpi=110)
+        plt.close(fig)
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _money(value: float | None, spec: str) -> str:
+    return "-" if value is None else f"${value:{spec}}"
+
+
+def _cell(stat: dict | None, spec: str = ".4f", scale: float = 1.0, suffix: str = "", seeds: int = 0) -> str:
+    """mean ± sd of a `spread` (scaled), and n where fewer runs than seeds finished; '-' where not applicable."""
+    if stat is None:
+        return "-"
+    text = f"{stat['mean'] * scale:{spec}}{suffix}"
+    if stat["sd"] is not None:
+        text += f" ± {stat['sd'] * scale:{spec}}{suffix}"
+    return text + (f" (n={stat['n']})" if stat["n"] < seeds else "")
+
+
+def _difference_cell(d: dict | None) -> str:
+    if d is None:
+        return "-"
+    if d["sd"] is None:
+        return f"{d['difference']:+.4f} (one seed: no verdict)"
+    return f"{d['difference']:+.4f} ± {d['sd']:.4f} {d['verdict']}"
+
+
+def _header(report: dict) -> list[str]:
+    price = report["price_per_hour"]
+    at = report["budgets"]
+    floor = report["entropy_floor"]
+    variants = "; ".join(
+        f"`{name}` = {v['arch']}" + (f" + model `{json.dumps(v['model'])}`" if v["model"] else "")
+        + (f" + controller `{json.dumps(v['controller'])}`" if v["controller"] else "")
+        for name, v in report["variants"].items())
+    return [
+        f"Measured {report['date']} on {report['machine']}, commit {report['commit']}: `{report['command']}` "
+        f"({report['tokens']:,} tokens per run, one process each, seeds {', '.join(map(str, report['seeds']))}; "
+        f"data `{report['data']}`"
+        + (f", entropy floor {floor:.4f} nats/token (mean over the seeds' held-out sets)" if floor is not None
+           else ", which has no known entropy floor") + "). "
+        + (f"Costs at ${price:.2f}/hour (`adaptive_ds/hardware.py`; `--price` to change). " if price is not None
+           else "No price is known for this device, so no costs: pass `--price`. ")
+        + "Each figure is the mean ± the standard deviation over the seeds (n: the runs that finished where "
+        "fewer); '-' marks a figure that does not apply. Train losses are read off each run's curve at the "
+        f"smallest total any run reached: {at['flops']:.3g} training FLOPs, {at['tokens']:,.0f} tokens, "
+        f"{at['seconds']:.1f} training seconds.",
+        "",
+        f"Variants: {variants}.",
+    ]
+
+
+def _head(columns: list[str]) -> list[str]:
+    """A table's header row (after the variant column) and its separator."""
+    return ["| variant | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+
+
+def _quality_table(report: dict) -> list[str]:
+    results, seeds = report["results"], len(report["seeds"])
+    floor = report["entropy_floor"] is not None
+    columns = ["validation_loss", *(["loss_minus_floor"] if floor else []), "topk_routing_loss",
+               "train_loss_at_equal_flops", "train_loss_at_equal_tokens", "train_loss_at_equal_seconds"]
+    lines = _head(["params (total / active)", "validation loss", "its SE (per run)",
+                   *(["loss - floor"] if floor else []), "top-k routing loss", "train loss at equal FLOPs",
+                   "at equal tokens", "at equal seconds"])
+    for name, r in results.items():
+        cells = [f"{r['total_parameters']['mean']:,.0f} / {r['active_parameters']['mean']:,.0f}",
+                 *(_cell(r[c], seeds=seeds) for c in columns)]
+        cells.insert(2, _fmt(r["validation_loss_se"] and r["validation_loss_se"]["mean"], ".4f"))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _comparison_table(report: dict) -> list[str]:
+    comparisons = report["comparisons"]
+    if not comparisons:
+        return [f"No comparison: the baseline `{report['baseline']}` has no finished run."]
+    lines = [f"Against `{report['baseline']}` (variant - baseline, lower is better; paired by seed where two or more "
+             "seeds are shared, its sd that of the per-seed differences; 'better' / 'worse' only beyond two "
+             "standard deviations, else 'tie'):", "",
+             *_head(["validation loss", "top-k routing loss", "train loss at equal FLOPs", "at equal tokens",
+                     "at equal seconds", "seeds"])]
+    for name, c in comparisons.items():
+        pairing = f"{c['validation_loss']['n']} paired" if c["validation_loss"]["paired"] else "unpaired"
+        lines.append(f"| {name} | " + " | ".join(_difference_cell(c[m]) for m in COMPARED) + f" | {pairing} |")
+    return lines
+
+
+def _cost_table(report: dict) -> list[str]:
+    results, seeds = report["results"], len(report["seeds"])
+    gpu = report["peak_tflops"] is not None
+    lines = _head(["tokens/s", "MFU" if gpu else "achieved TFLOP/s", "peak memory (GiB)", "wall time (s)", "cost",
+                   "$ per 1B tokens"])
+    for name, r in results.items():
+        speed = _cell(r["mfu"], ".1f", 100, "%", seeds) if gpu else _cell(r["achieved_tflops"], ".3f", seeds=seeds)
+        lines.append(
+            f"| {name} | {_cell(r['tokens_per_s'], ',.0f', seeds=seeds)} | {speed} | "
+            f"{_cell(r['peak_memory_gib'], '.2f', seeds=seeds)} | {_cell(r['wall_time_s'], '.0f', seeds=seeds)} | "
+            f"{_money(r['cost_usd'] and r['cost_usd']['mean'], '.4f')} | "
+            f"{_money(r['cost_per_1b_tokens_usd'] and r['cost_per_1b_tokens_usd']['mean'], ',.2f')} |")
+    return lines
+
+
+def _routing_table(report: dict) -> list[str]:
+    lines = _head(["expert utilisation", "load balance", "dropped", "skip rate", "FLOPs reduction", "training FLOPs",
+                   *PHASES])
+    for name, r in report["results"].items():
+        mean = {k: (v["mean"] if v is not None else None) for k, v in r.items() if k != "time_breakdown_s"}
+        t = r["time_breakdown_s"]
+        lines.append(
+            f"| {name} | {_fmt(mean['expert_utilisation'] and 100 * mean['expert_utilisation'], '.1f', '%')} | "
+            f"{_fmt(mean['load_balance'], '.3f')} | {_fmt(mean['dropped_fraction'], '.1%')} | "
+            f"{_fmt(mean['skip_rate'], '.1%')} | {_fmt(mean['flops_reduction'], '.1%')} | "
+            f"{mean['training_flops']:.3g} | " + " | ".join(f"{t[p]['mean']:.1f} s" for p in PHASES) + " |")
+    return lines
+
+
+def _failures(report: dict) -> list[str]:
+    lines = []
+    for f in report["failed"]:
+        tail = "\n".join(f["log_tail"].strip().splitlines()[-8:])
+        lines += ["", f"Failed: `{f['variant']}` seed {f['seed']} (exit {f['exit']}, log `{f['log']}`; the same "
+                      "command retries it), its log ends:", "", "```", tail, "```"]
+    return lines
+
+
+def markdown(report: dict) -> str:
+    """The grid's section of BENCHMARKS.md: provenance, then quality, comparison, cost and routing tables."""
+    return "\n".join([*_header(report), "", *_quality_table(report), "", *_comparison_table(report), "",
+                      *_cost_table(report), "", *_routing_table(report), *_failures(report)])
