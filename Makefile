@@ -24,8 +24,10 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 train: setup
 	$(BIN)/deepspeed launchers/train.py --ds_config ds_configs/debug_cpu.json
 
+# One pytest worker per core (at most 8): most tests wait on process start-up and single-threaded Python, so two
+# workers on two cores finish in about half the time; worksteal evens out the long end-to-end tests.
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 8 --dist worksteal
 
 # The GPU acceptance run (README, "GPU acceptance"); a dry run of every stage on a machine without CUDA.
 gpu-check: setup

@@ -81,6 +81,14 @@ def run_command(args: list[str], timeout: int = 600, **env) -> subprocess.Comple
     return subprocess.run(args, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+# Under pytest -n, each worker (and each process it starts) gets its share of the cores, not all of them.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    torch.set_num_threads(_THREADS)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
