@@ -1,10 +1,12 @@
 """The DeepSeekMoE options (fine-grained and shared experts), auxiliary-loss-free bias balancing and dropless
 training, against naive references, hand-worked cases and DeepSpeed's stock gating."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_config, write_ds_config
+from conftest import run_command, tiny_config, write_ds_config
 from transformers import AutoModelForCausalLM
 
 from adaptive_ds.export import mixtral_incompatibility, to_mixtral
@@ -12,6 +14,8 @@ from adaptive_ds.flops import training_flops_per_token
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models.moe import MoEFeedForward, route, update_routing_bias
 from adaptive_ds.presets import block_parameters, parameter_counts
+from adaptive_ds.training import train
+from adaptive_ds.training.controller import Controller, ControllerSettings, Knobs, WindowReport
 
 FINE = dict(moe_expert_granularity=2, moe_shared_experts=1)  # 4 x 2 = 8 experts of width 32, top-4, shared 32
 
@@ -290,8 +294,6 @@ class _BiasRecorder:
 
 @pytest.mark.slow
 def test_fine_grained_shared_bias_run_trains_checkpoints_and_resumes_with_its_bias(tmp_path):
-    from adaptive_ds.training import train
-
     model = {**FINE, "moe_balancing": "bias", "moe_bias_update_rate": 0.01, "moe_drop_tokens": False}
     out = tmp_path / "run"
 
@@ -320,8 +322,17 @@ def test_fine_grained_shared_bias_run_trains_checkpoints_and_resumes_with_its_bi
 
 @pytest.mark.slow
 def test_two_process_expert_parallel_with_fine_grained_shared_and_biased_experts():
-    from conftest import run_command
-
     result = run_command(["torchrun", "--nproc_per_node", "2", "tests/helpers/moe_expert_parallel.py", "never", "fine"])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert result.stdout.count("loss and gradients match the one-process run") == 2
+
+
+def test_with_bias_balancing_the_controller_reports_dead_experts_but_moves_no_aux_coefficient(tmp_path):
+    path = tmp_path / "decisions.jsonl"
+    controller = Controller(ControllerSettings(balance_windows=2, balance_threshold=0.8),
+                            Knobs(micro_batch=8, accumulation=1, aux_coef=None), str(path))
+    for step in (1, 2, 3):  # poor balance and a dead expert
+        controller.observe_window(WindowReport(step, moe={"load_balance": 0.3, "dead_experts": ["0:5"]}))
+    controller.close()
+    decisions = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [d["action"] for d in decisions] == ["report dead expert"] and controller.knobs.aux_coef is None
