@@ -93,20 +93,25 @@ def to_llama(model: AdaptiveDSForCausalLM) -> LlamaForCausalLM:
 def mixtral_incompatibility(config: AdaptiveDSConfig) -> str | None:
     """Why a model's routing cannot be expressed as Mixtral's, or None if it can.
 
-    Mixtral routes every token to its top-2 experts with softmax weights renormalised over the two, and never
-    drops a token. That is our inference routing exactly when the model is top-2 MoE in every layer without
-    DeepSpeed's residual MLP. A capacity limit (`moe_drop_tokens`) does not matter: it applies in training only,
+    Mixtral routes every token to its top-k experts with softmax weights renormalised over the k, and never
+    drops a token. That is our inference routing exactly when the model is top-k MoE (k >= 2, counting the
+    fine-grained experts as Mixtral experts of their width) in every layer without DeepSpeed's residual MLP,
+    shared experts or a routing bias. A capacity limit (`moe_drop_tokens`) does not matter: it applies in training only,
     and inference is dropless (see models/moe.py).
     """
     reasons = []
     if config.arch != "moe":
         reasons.append(f"arch is {config.arch!r}, not 'moe'")
-    if config.num_experts_per_tok != 2:
+    if config.num_routed_experts_per_tok == 1:
         reasons.append("top-1 weights are raw gate probabilities, Mixtral renormalises over the top-k")
     if config.moe_layer_interval != 1:
         reasons.append("MoE is not in every layer")
     if config.moe_use_residual:
         reasons.append("the residual (PR-MoE) MLP has no Mixtral equivalent")
+    if config.moe_shared_experts:
+        reasons.append("shared experts have no Mixtral equivalent")
+    if config.moe_balancing == "bias":
+        reasons.append("the routing bias (moe_balancing 'bias') has no Mixtral equivalent")
     return "; ".join(reasons) or None
 
 
@@ -115,8 +120,9 @@ def to_mixtral(model: AdaptiveDSForCausalLM) -> MixtralForCausalLM:
     if reason:
         raise ValueError(f"--to mixtral: routing semantics differ: {reason}")
     config = model.config
-    mixtral = MixtralForCausalLM(MixtralConfig(**_common_llama_fields(config),
-                                               num_local_experts=config.num_local_experts, num_experts_per_tok=2))
+    fields = {**_common_llama_fields(config), "intermediate_size": config.expert_intermediate_size}
+    mixtral = MixtralForCausalLM(MixtralConfig(**fields, num_local_experts=config.num_routed_experts,
+                                               num_experts_per_tok=config.num_routed_experts_per_tok))
     state = {}
     for name, tensor in model.state_dict().items():
         if ".mlp.moe." not in name:

@@ -98,7 +98,10 @@ def activation_bytes(config: AdaptiveDSConfig, layout: Layout, seq_len: int, che
     tokens = layout.micro_batch * seq_len
     per_layer = []
     for i in range(config.num_hidden_layers):
-        mlp = (4 * h + 8 * f * config.num_experts_per_tok) if config.is_moe_layer(i) else (4 * h + 8 * f)
+        mlp = 4 * h + 8 * f
+        if config.is_moe_layer(i):  # the top-k routed experts' and the shared experts' widths
+            mlp = 4 * h + 8 * (config.expert_intermediate_size * config.num_routed_experts_per_tok
+                               + config.shared_intermediate_size)
         full = 8 * h + 4 * kv + mlp
         if config.is_mod_layer(i):
             full = full * config.mod_capacity + 2 * h  # routed share, plus the skipped tokens' residual

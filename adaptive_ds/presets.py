@@ -69,20 +69,21 @@ class BlockParameters:
 
     attention: int  # q, k, v, o projections: 2 h^2 + 2 h kv
     norms: int  # the two RMSNorm weights
-    mlp: int  # one SwiGLU MLP, or one expert: 3 h f
-    experts: int  # experts in this layer (0: a dense MLP)
+    mlp: int  # one SwiGLU MLP, or one routed expert: 3 h f (f / granularity for an expert)
+    experts: int  # routed experts in this layer (0: a dense MLP)
     experts_per_token: int
     router: int  # the MoE router (0 in a dense layer)
+    shared: int  # what every token runs beside its routed experts: shared experts, PR-MoE residual MLP (0: none)
     mod_routing: int  # the MoD router and causal-routing predictor, run on every token (0: not routed)
 
     @property
     def mlp_total(self) -> int:
-        return self.router + self.experts * self.mlp if self.experts else self.mlp
+        return self.router + self.experts * self.mlp + self.shared if self.experts else self.mlp
 
     @property
     def mlp_active(self) -> int:
-        """The MLP parameters one token passes through: its top-k experts and the router."""
-        return self.router + self.experts_per_token * self.mlp if self.experts else self.mlp
+        """The MLP parameters one token passes through: its top-k experts, the shared ones and the router."""
+        return self.router + self.experts_per_token * self.mlp + self.shared if self.experts else self.mlp
 
     @property
     def total(self) -> int:
@@ -90,21 +91,28 @@ class BlockParameters:
 
 
 def block_parameters(config: AdaptiveDSConfig, layer_idx: int) -> BlockParameters:
-    h, f, kv = config.hidden_size, config.intermediate_size, config.num_key_value_heads * config.head_dim
-    moe = config.is_moe_layer(layer_idx)
-    return BlockParameters(
-        attention=2 * h * h + 2 * h * kv, norms=2 * h, mlp=3 * h * f,
-        experts=config.num_local_experts if moe else 0, experts_per_token=config.num_experts_per_tok if moe else 0,
-        router=h * config.num_local_experts if moe else 0,
-        mod_routing=h + (h + 1) * config.mod_predictor_hidden_size if config.is_mod_layer(layer_idx) else 0)
+    h, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
+    mod_routing = h + (h + 1) * config.mod_predictor_hidden_size if config.is_mod_layer(layer_idx) else 0
+    common = dict(attention=2 * h * h + 2 * h * kv, norms=2 * h, mod_routing=mod_routing)
+    if not config.is_moe_layer(layer_idx):
+        return BlockParameters(**common, mlp=3 * h * config.intermediate_size, experts=0, experts_per_token=0,
+                               router=0, shared=0)
+    expert = 3 * h * config.expert_intermediate_size
+    shared = 3 * h * config.shared_intermediate_size
+    if config.moe_use_residual:  # an expert-sized MLP and its (h -> 2) mixing coefficient with bias
+        shared += expert + 2 * h + 2
+    return BlockParameters(**common, mlp=expert, experts=config.num_routed_experts,
+                           experts_per_token=config.num_routed_experts_per_tok, router=h * config.num_routed_experts,
+                           shared=shared)
 
 
 def parameter_counts(config: AdaptiveDSConfig) -> ParameterCounts:
     """Exact counts from the dimensions (a test checks them against built models).
 
-    Active parameters: a token uses the embedding row, attention, norms, the MLP or its top-k experts plus
-    the router, and the LM head. In a MoD-routed block only `mod_capacity` of the tokens run the block, so
-    the block counts with that weight (its router and causal-routing predictor with weight 1).
+    Active parameters: a token uses the embedding row, attention, norms, the MLP or its top-k routed experts
+    plus the router and any shared experts, and the LM head. In a MoD-routed block only `mod_capacity` of the
+    tokens run the block, so the block counts with that weight (its router and causal-routing predictor with
+    weight 1).
     """
     h = config.hidden_size
     embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)

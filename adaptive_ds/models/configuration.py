@@ -9,7 +9,9 @@ from transformers import PreTrainedConfig
 ARCHITECTURES = ("dense", "moe", "mod", "hybrid")
 POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "max_position_embeddings", "num_local_experts", "num_experts_per_tok",
-                  "moe_ep_size", "moe_layer_interval", "mod_layer_interval", "mod_predictor_hidden_size")
+                  "moe_ep_size", "moe_layer_interval", "moe_expert_granularity", "mod_layer_interval",
+                  "mod_predictor_hidden_size")
+MOE_BALANCING = ("aux_loss", "bias")
 
 
 @dataclass(repr=False)
@@ -21,6 +23,11 @@ class AdaptiveDSConfig(PreTrainedConfig):
       - ``moe``: every ``moe_layer_interval``-th MLP is a ``deepspeed.moe.layer.MoE`` of SwiGLU experts;
       - ``mod``: every ``mod_layer_interval``-th block is wrapped by a Mixture-of-Depths router;
       - ``hybrid``: both, so MoD decides which tokens ever reach the experts.
+
+    An MoE layer has ``num_local_experts x moe_expert_granularity`` routed experts of width
+    ``intermediate_size / moe_expert_granularity``, each token routed to ``num_experts_per_tok x
+    moe_expert_granularity`` of them, plus ``moe_shared_experts`` always-on experts of the same width (DeepSeekMoE,
+    Dai et al. 2024, arXiv 2401.06066): granularity 1 and no shared experts is the GShard / Mixtral layer.
     """
 
     model_type = "adaptive_ds"
@@ -51,12 +58,22 @@ class AdaptiveDSConfig(PreTrainedConfig):
     # configs, checkpoints and final/ folders that carry it keep loading.
     moe_eval_capacity_factor: float = 2.0
     moe_min_capacity: int = 4
+    # Training-time routing: True caps each expert at moe_capacity_factor of an even share (GShard; overflow is
+    # dropped), False is dropless (every token reaches its top-k experts). Inference is always dropless.
     moe_drop_tokens: bool = True
     moe_ep_size: int = 1
     moe_dispatch: str = "indexed"  # "indexed" (sorted tokens, grouped GEMM) or "deepspeed" (stock, the baseline)
     moe_grouped_gemm: str = "auto"  # torch._grouped_mm: "auto" (Hopper bf16), "always" or "never"
     moe_jitter: bool = False  # multiplicative jitter on the router input in training (Switch Transformer)
     moe_use_residual: bool = False  # PR-MoE residual: a dense MLP mixed with the experts
+    moe_expert_granularity: int = 1  # g: split each expert into g experts of width ffn / g, route top-k x g
+    moe_shared_experts: int = 0  # always-on experts of width ffn / g, one dense SwiGLU added to the routed output
+    # "aux_loss": the load-balancing loss, weighted by router_aux_loss_coef. "bias": auxiliary-loss-free balancing
+    # (DeepSeek-V3, arXiv 2412.19437 sec. 2.1.2): a per-expert bias on the routing scores, used for the top-k
+    # choice only, moved by moe_bias_update_rate after each optimizer step toward an even load; the aux loss is
+    # then reported but not added to the loss.
+    moe_balancing: str = "aux_loss"
+    moe_bias_update_rate: float = 1e-3  # gamma: the bias step per optimizer step (with moe_balancing "bias")
     router_aux_loss_coef: float = 0.01
     router_z_loss_coef: float = 0.001
     # Mixture of Depths (arch mod / hybrid).
@@ -86,15 +103,7 @@ class AdaptiveDSConfig(PreTrainedConfig):
             found.append(f"num_attention_heads {self.num_attention_heads} is not divisible by "
                          f"num_key_value_heads {self.num_key_value_heads}")
         if self.uses_moe:
-            if self.num_experts_per_tok not in (1, 2):
-                found.append(f"num_experts_per_tok must be 1 or 2 (DeepSpeed MoE), got {self.num_experts_per_tok}")
-            if self.num_local_experts % self.moe_ep_size:
-                found.append(f"num_local_experts {self.num_local_experts} is not divisible by moe_ep_size "
-                             f"{self.moe_ep_size}")
-            if self.moe_dispatch not in ("indexed", "deepspeed"):
-                found.append(f"moe_dispatch must be 'indexed' or 'deepspeed', got {self.moe_dispatch!r}")
-            if self.moe_grouped_gemm not in ("auto", "always", "never"):
-                found.append(f"moe_grouped_gemm must be 'auto', 'always' or 'never', got {self.moe_grouped_gemm!r}")
+            found += self._moe_problems()
         if self.uses_mod:
             if not 0.0 < self.mod_capacity <= 1.0:
                 found.append(f"mod_capacity must be in (0, 1], got {self.mod_capacity}")
@@ -102,6 +111,59 @@ class AdaptiveDSConfig(PreTrainedConfig):
                 found.append(f"mod_layer_interval must be 1 (every block) or 2 (every other), "
                              f"got {self.mod_layer_interval}")
         return found
+
+    def _moe_problems(self) -> list[str]:
+        found = []
+        if self.num_experts_per_tok > self.num_local_experts:
+            found.append(f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_local_experts "
+                         f"{self.num_local_experts}")
+        if self.num_routed_experts % self.moe_ep_size:
+            found.append(f"the {self.num_routed_experts} routed experts (num_local_experts x moe_expert_granularity) "
+                         f"are not divisible by moe_ep_size {self.moe_ep_size}")
+        if self.intermediate_size % self.moe_expert_granularity:
+            found.append(f"intermediate_size {self.intermediate_size} is not divisible by moe_expert_granularity "
+                         f"{self.moe_expert_granularity}")
+        if self.moe_shared_experts < 0:
+            found.append(f"moe_shared_experts must be >= 0, got {self.moe_shared_experts}")
+        if self.moe_dispatch not in ("indexed", "deepspeed"):
+            found.append(f"moe_dispatch must be 'indexed' or 'deepspeed', got {self.moe_dispatch!r}")
+        elif self.moe_dispatch == "deepspeed" and self.num_routed_experts_per_tok > 2:
+            # DeepSpeed's top-k > 2 gating drops overflow by gate probability, not by the GShard priorities the
+            # indexed path keeps for every k, so the two modes would train differently.
+            found.append(f"moe_dispatch 'deepspeed' routes top-1 or top-2 (DeepSpeed's gating); top-"
+                         f"{self.num_routed_experts_per_tok} (num_experts_per_tok x moe_expert_granularity) needs "
+                         "moe_dispatch 'indexed'")
+        if self.moe_grouped_gemm not in ("auto", "always", "never"):
+            found.append(f"moe_grouped_gemm must be 'auto', 'always' or 'never', got {self.moe_grouped_gemm!r}")
+        if self.moe_balancing not in MOE_BALANCING:
+            found.append(f"moe_balancing must be one of {', '.join(MOE_BALANCING)}, got {self.moe_balancing!r}")
+        elif self.moe_balancing == "bias" and self.moe_dispatch == "deepspeed":
+            found.append("moe_balancing 'bias' needs moe_dispatch 'indexed' (DeepSpeed's gate has no routing bias)")
+        if self.moe_bias_update_rate < 0:
+            found.append(f"moe_bias_update_rate must be >= 0, got {self.moe_bias_update_rate}")
+        if self.moe_drop_tokens and self.moe_capacity_factor <= 0:
+            found.append(f"moe_capacity_factor must be > 0 with moe_drop_tokens (or set moe_drop_tokens false for "
+                         f"dropless routing), got {self.moe_capacity_factor}")
+        return found
+
+    @property
+    def num_routed_experts(self) -> int:
+        """Experts a token can be routed to in an MoE layer: num_local_experts split moe_expert_granularity ways."""
+        return self.num_local_experts * self.moe_expert_granularity
+
+    @property
+    def num_routed_experts_per_tok(self) -> int:
+        return self.num_experts_per_tok * self.moe_expert_granularity
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        """The width of one routed (and one shared) expert."""
+        return self.intermediate_size // self.moe_expert_granularity
+
+    @property
+    def shared_intermediate_size(self) -> int:
+        """The width of the shared experts together (0: none)."""
+        return self.moe_shared_experts * self.expert_intermediate_size
 
     @property
     def head_dim(self) -> int:

@@ -18,7 +18,7 @@ from transformers.utils import ModelOutput
 
 from .configuration import AdaptiveDSConfig
 from .mod import ROUTING_MODES, AdaptiveDSCache, MixtureOfDepths, MoDRouting
-from .moe import MoEFeedForward, MoERouting, SwiGLU
+from .moe import MoEFeedForward, MoERouting, SwiGLU, update_routing_bias
 
 
 class RMSNorm(nn.Module):
@@ -151,7 +151,7 @@ class AdaptiveDSModelOutput(ModelOutput):
 @dataclass
 class AdaptiveDSCausalLMOutput(ModelOutput):
     """`loss` = `lm_loss` + router_aux_loss_coef * `aux_loss` + router_z_loss_coef * `z_loss`
-    + mod_predictor_loss_coef * `mod_predictor_loss`.
+    + mod_predictor_loss_coef * `mod_predictor_loss` (without the aux term under `moe_balancing="bias"`).
 
     The routing losses enter the loss once, here. The MoD predictor's input is detached, so its loss trains the
     predictor alone and leaves the language model's gradients as they are.
@@ -274,6 +274,11 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    def update_routing_bias(self, step_expert_counts, group=None) -> None:
+        """After an optimizer step: move the MoE routing biases (`moe_balancing="bias"`) by the step's expert
+        loads, the `expert_counts` of each of its micro-batches (see `moe.update_routing_bias`)."""
+        update_routing_bias(self, step_expert_counts, group)
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep: int = 0, num_items_in_batch=None,
                 **kwargs) -> AdaptiveDSCausalLMOutput:
@@ -298,8 +303,9 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
                                           reduction="sum") / num_items_in_batch
             loss = lm_loss
             if out.aux_loss is not None:
-                loss = (loss + self.config.router_aux_loss_coef * out.aux_loss
-                        + self.config.router_z_loss_coef * out.z_loss)
+                # with bias balancing the aux loss is only reported (see AdaptiveDSConfig.moe_balancing)
+                aux_coef = 0.0 if self.config.moe_balancing == "bias" else self.config.router_aux_loss_coef
+                loss = loss + aux_coef * out.aux_loss + self.config.router_z_loss_coef * out.z_loss
             if out.mod_predictor_loss is not None:
                 loss = loss + self.config.mod_predictor_loss_coef * out.mod_predictor_loss
         return AdaptiveDSCausalLMOutput(

@@ -23,11 +23,29 @@ DeepSpeed's own `drop_tokens=False` gating because that gating still asserts tok
 (a one-token decoding step fails), pads every expert's buffer to the busiest expert's count, and is switched by
 a flag on the shared gate that eval would have to flip back and forth; the indexed path is tested equal to
 DeepSpeed's dropless layer. `moe_eval_capacity_factor` is therefore unused (see `AdaptiveDSConfig`).
+In training, `moe_drop_tokens=False` is dropless in both dispatch modes (DeepSpeed's gating with its capacity
+raised to the busiest expert, the indexed path without a limit).
+
+DeepSeekMoE options (Dai et al. 2024, arXiv 2401.06066): fine-grained experts (`moe_expert_granularity` g: g times
+as many experts, each 1/g as wide, top-k x g routed) are simply more, narrower experts in the same DeepSpeed
+layer; shared experts (`moe_shared_experts`) are one dense SwiGLU outside it, run on every token and added to the
+routed output. Top-k beyond 2 is routed by the indexed path only (`route` handles any k with the same
+priorities). The load-balancing loss is DeepSpeed's for every k: first choices for k <= 2 (GShard), all k
+choices over k for k > 2 (its `topkgating`, which is DeepSeekMoE's expert-level balance loss, eq. 12-13).
+
+Auxiliary-loss-free balancing (`moe_balancing="bias"`; DeepSeek-V3, arXiv 2412.19437 sec. 2.1.2): a per-expert
+bias is added to the gate probabilities for the top-k choice only; the gate weights stay the unbiased
+probabilities. After each optimizer step the training loop passes the step's expert loads (every micro-batch,
+summed over the data-parallel ranks by one all-reduce) to `update_routing_bias`, which moves each bias by
+gamma * sign(mean load - load). The bias is kept as an integer tally of those +-1 moves (a persistent buffer, so
+it is in checkpoints and `final/`): it stays exact when the engine casts the module to bf16 or fp16, where a
+1e-3 step would round away once the bias grows.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,12 +81,14 @@ class MoERouting:
     dropped: torch.Tensor  # assignments dropped by the capacity limit
 
 
-def load_balancing_loss(probs: torch.Tensor, first_choice: torch.Tensor) -> torch.Tensor:
-    """GShard / Switch auxiliary loss: E * sum_e(mean_s p_se * f_e), f_e the share of tokens whose first
-    choice is e (Fedus et al. 2021, eq. 4). 1.0 when routing is uniform."""
-    num_experts = probs.shape[-1]
-    share = F.one_hot(first_choice, num_experts).float().mean(0)
-    return num_experts * (probs.mean(0) * share).sum()
+def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, choices_per_token: int = 1) -> torch.Tensor:
+    """Auxiliary load-balancing loss, E / c * sum_e(mean_s p_se * counts_e / tokens), `counts` (experts,) the
+    choices of each expert among each token's first `choices_per_token` = c. With c = 1 (first choices) it is the
+    GShard / Switch loss (Fedus et al. 2021, eq. 4); with all k choices, DeepSeekMoE's expert-level balance loss
+    (Dai et al. 2024, eq. 12-13). 1.0 when routing is uniform."""
+    num_tokens, num_experts = probs.shape
+    share = counts.float() / num_tokens
+    return num_experts / choices_per_token * (probs.mean(0) * share).sum()
 
 
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
@@ -90,14 +110,21 @@ class Assignments:
     counts: torch.Tensor  # (experts,) kept assignments per expert
 
 
-def route(logits: torch.Tensor, k: int, capacity: int | None) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
+def route(logits: torch.Tensor, k: int, capacity: int | None, bias: torch.Tensor | None = None,
+          ) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
     """Top-k routing of `logits` (tokens, experts) with DeepSpeed's priorities; `capacity` None is dropless.
 
+    `bias` (experts,): added to the gate probabilities to choose the top-k experts (and their order, so their
+    capacity priority), not to the gate weights (DeepSeek-V3, arXiv 2412.19437, eq. 16).
     Returns the kept assignments, the demand per expert before the capacity limit, and the gate probabilities.
     """
     num_tokens, num_experts = logits.shape
     probs = logits.softmax(dim=-1)
-    top_p, top_e = probs.topk(k, dim=-1)  # (tokens, k)
+    if bias is None:
+        top_p, top_e = probs.topk(k, dim=-1)  # (tokens, k)
+    else:
+        top_e = (probs + bias).topk(k, dim=-1).indices
+        top_p = probs.gather(1, top_e)
     # Choice-major order: all first choices in token order, then all second choices.
     expert = top_e.t().reshape(-1)
     token = torch.arange(num_tokens, device=logits.device).repeat(k)
@@ -151,12 +178,13 @@ def use_grouped_mm(x: torch.Tensor, mode: str) -> bool:
 
 
 class MoEFeedForward(nn.Module):
-    """Top-k routed SwiGLU experts in a `deepspeed.moe.layer.MoE`, dispatched by index (see the module doc)."""
+    """Top-k routed SwiGLU experts in a `deepspeed.moe.layer.MoE`, dispatched by index (see the module doc), plus
+    the shared experts when configured."""
 
     def __init__(self, config: AdaptiveDSConfig):
         super().__init__()
-        self.k = config.num_experts_per_tok
-        self.num_experts = config.num_local_experts
+        self.k = config.num_routed_experts_per_tok
+        self.num_experts = config.num_routed_experts
         self.capacity_factor = config.moe_capacity_factor
         self.min_capacity = config.moe_min_capacity
         self.drop_tokens = config.moe_drop_tokens
@@ -165,10 +193,10 @@ class MoEFeedForward(nn.Module):
         self.grouped_gemm = config.moe_grouped_gemm
         self.moe = MoE(
             hidden_size=config.hidden_size,
-            expert=SwiGLU(config.hidden_size, config.intermediate_size),
-            num_experts=config.num_local_experts,
+            expert=SwiGLU(config.hidden_size, config.expert_intermediate_size),
+            num_experts=self.num_experts,
             ep_size=config.moe_ep_size,
-            k=config.num_experts_per_tok,
+            k=self.k,  # only DeepSpeed's own dispatch reads it, which the config allows for k <= 2
             capacity_factor=config.moe_capacity_factor,
             min_capacity=config.moe_min_capacity,
             use_residual=config.moe_use_residual,
@@ -177,10 +205,30 @@ class MoEFeedForward(nn.Module):
             use_rts=False,  # random token selection would make routing depend on the RNG, not the input
             top2_2nd_expert_sampling=False,  # deterministic top-2, as in Mixtral
         )
+        self.shared_experts = (SwiGLU(config.hidden_size, config.shared_intermediate_size)
+                               if config.moe_shared_experts else None)
+        self.bias_update_rate = None
+        if config.moe_balancing == "bias":
+            self.bias_update_rate = config.moe_bias_update_rate
+            # (experts,) the routing bias in units of bias_update_rate (see the module doc)
+            self.register_buffer("routing_bias_steps", torch.zeros(self.num_experts, dtype=torch.long))
 
     @property
     def _layer(self):
         return self.moe.deepspeed_moe
+
+    @property
+    def routing_bias(self) -> torch.Tensor | None:
+        """(experts,) float32 bias on the gate probabilities for the top-k choice; None without bias balancing."""
+        if self.bias_update_rate is None:
+            return None
+        return self.routing_bias_steps.float() * self.bias_update_rate
+
+    @torch.no_grad()
+    def update_routing_bias(self, load: torch.Tensor) -> None:
+        """b_e += gamma * sign(mean load - load_e) for the (experts,) `load` of one optimizer step on all ranks
+        (DeepSeek-V3, arXiv 2412.19437 sec. 2.1.2): an overloaded expert's bias falls, an idle one's rises."""
+        self.routing_bias_steps += torch.sign(load.float().mean() - load.float()).long()
 
     def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """(tokens, experts) float32 logits of DeepSpeed's gate, with its multiplicative jitter in training."""
@@ -202,10 +250,11 @@ class MoEFeedForward(nn.Module):
             output, aux_loss, demand = self.moe(hidden_states)
             # DeepSpeed's gate does not expose its logits; recompute them for the z-loss (one small matmul).
             z_loss = router_z_loss(F.linear(tokens.float(), self._layer.gate.wg.weight.float()))
-            return output, self._routing(aux_loss, z_loss, demand, tokens.shape[0])
+            return self._add_shared(output, hidden_states), self._routing(aux_loss, z_loss, demand, tokens.shape[0])
 
         logits = self.router_logits(tokens)
-        assignments, demand, probs = route(logits, self.k, self.capacity(tokens.shape[0]))
+        bias = self.routing_bias
+        assignments, demand, probs = route(logits, self.k, self.capacity(tokens.shape[0]), bias)
         expert_out = self._dispatch(tokens, assignments)  # (kept, hidden)
         output = torch.zeros_like(tokens).index_add_(
             0, assignments.token, expert_out * assignments.weight.unsqueeze(-1).to(expert_out.dtype))
@@ -213,8 +262,20 @@ class MoEFeedForward(nn.Module):
         if self.moe.use_residual:  # PR-MoE (Rajbhandari et al. 2022): a dense MLP mixed in by a learned coefficient
             coef = self.moe.coefficient(hidden_states).softmax(dim=-1)
             output = output * coef[..., 0:1] + self.moe.mlp(hidden_states) * coef[..., 1:]
-        aux_loss = load_balancing_loss(probs, logits.argmax(dim=-1))
-        return output, self._routing(aux_loss, router_z_loss(logits), demand, tokens.shape[0])
+        # DeepSpeed's loss for every k (see the module doc): first choices for k <= 2, all choices beyond.
+        if self.k > 2:
+            aux_loss = load_balancing_loss(probs, demand, self.k)
+        else:
+            first = (probs if bias is None else probs + bias).argmax(dim=-1)
+            aux_loss = load_balancing_loss(probs, torch.bincount(first, minlength=self.num_experts))
+        return self._add_shared(output, hidden_states), self._routing(aux_loss, router_z_loss(logits), demand,
+                                                                      tokens.shape[0])
+
+    def _add_shared(self, routed: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The routed output plus the shared experts' (DeepSeekMoE eq. 9), which every token runs."""
+        if self.shared_experts is None:
+            return routed
+        return routed + self.shared_experts(hidden_states)
 
     def _routing(self, aux_loss, z_loss, demand, num_tokens) -> MoERouting:
         capacity = self.capacity(num_tokens)
@@ -256,3 +317,20 @@ class MoEFeedForward(nn.Module):
             return torch._grouped_mm(F.silu(gate) * up, stacked("down_proj"), offs=offsets)
         chunks = x.split(counts.tolist())
         return torch.cat([expert(chunk) for expert, chunk in zip(experts, chunks, strict=True)])
+
+
+def update_routing_bias(model: nn.Module, step_expert_counts: Sequence[Sequence[torch.Tensor]], group=None) -> None:
+    """Move every bias-balanced MoE layer's routing bias after an optimizer step (DeepSeek-V3 sec. 2.1.2).
+
+    `step_expert_counts`: the `expert_counts` of each micro-batch of the step (per MoE layer, in layer order,
+    (experts,) choices before capacity). They are summed, then all-reduced over `group` (default: all ranks, which
+    all hold the router) in one call, so every rank moves its bias alike. Nothing is read back to the host.
+    """
+    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    if not layers or layers[0].bias_update_rate is None or not step_expert_counts:
+        return
+    load = torch.stack([torch.stack(list(counts)) for counts in step_expert_counts]).sum(0)  # (layers, experts)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(load, group=group)
+    for layer, layer_load in zip(layers, load, strict=True):
+        layer.update_routing_bias(layer_load)

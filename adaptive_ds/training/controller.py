@@ -268,13 +268,15 @@ class Controller:
         return CONTINUE
 
     def _observe_moe(self, step: int, moe: dict) -> None:
-        if not self.settings.moe_balance or self.knobs.aux_coef is None:
+        if not self.settings.moe_balance:
             return
         dead = set(moe.get("dead_experts", []))
         self.dead_streak = {e: self.dead_streak.get(e, 0) + 1 for e in dead}
         for expert, windows in sorted(self.dead_streak.items()):
             if windows == self.settings.balance_windows:
                 self._decide(step, {"dead_expert": expert, "windows": windows}, "report dead expert")
+        if self.knobs.aux_coef is None:  # bias balancing (moe_balancing "bias"): no aux-loss coefficient to move
+            return
         coef, configured = self.knobs.aux_coef, self.defaults.aux_coef
         balance = moe["load_balance"]
         trigger = {"load_balance": balance, "threshold": self.settings.balance_threshold}

@@ -29,7 +29,9 @@ def configured_knobs(engine: deepspeed.DeepSpeedEngine, activation_checkpointing
     return Knobs(micro_batch=engine.train_micro_batch_size_per_gpu(),
                  accumulation=engine.gradient_accumulation_steps(),
                  activation_checkpointing=activation_checkpointing,
-                 aux_coef=config.router_aux_loss_coef if config.uses_moe else None,
+                 # with bias balancing the aux loss is not trained on: there is no coefficient to adjust
+                 aux_coef=config.router_aux_loss_coef if config.uses_moe and config.moe_balancing == "aux_loss"
+                 else None,
                  mod_capacity=config.mod_capacity if config.uses_mod else None)
 
 

@@ -30,7 +30,7 @@ _EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
 def _gather_experts(model: AdaptiveDSForCausalLM) -> dict:
     """The full state dict on every rank: each rank holds `num_experts / ep_size` experts, numbered locally."""
     config = model.config
-    num_local = config.num_local_experts // config.moe_ep_size
+    num_local = config.num_routed_experts // config.moe_ep_size
     group = groups._get_expert_parallel_group(f"ep_size_{config.moe_ep_size}")
     ep_rank = dist.get_rank(group)
     local = {}

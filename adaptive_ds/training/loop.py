@@ -286,11 +286,14 @@ class Trainer:
             del out  # its logits are (micro-batch x seq x vocab): never held across micro-batches
         for sample in routing:  # only once the whole step succeeded: a retried step counts once
             self.window.add(sample)
+        applied = engine.was_step_applied()
+        if applied and self.config.uses_moe:  # bias balancing: the step's expert loads move the routing bias
+            engine.module.update_routing_bias([sample.expert_counts for sample in routing])
         loss /= knobs.accumulation
         if self.world > 1:
             dist.all_reduce(loss)
             loss /= self.world
-        return StepResult(loss, not engine.was_step_applied())
+        return StepResult(loss, not applied)
 
     # the run
     def run(self) -> dict:

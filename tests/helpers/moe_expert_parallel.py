@@ -6,6 +6,10 @@ Gradient convention checked: non-expert gradients are averaged over data-paralle
 what DeepSpeed's engine applies to expert parameters when the expert-data-parallel group has size 1.
 The routing losses are switched off: like DeepSpeed's, they are computed on each rank's own tokens, so with
 them the two runs differ by design (a mean of per-rank products is not the product of global means).
+
+A second argument "fine" runs fine-grained experts (granularity 2, top-4 of 8), a shared expert and bias
+balancing with a nonzero bias; then the routing-bias update, all-reduced over the ranks, must also equal the
+update the one-process run's loads give.
 """
 
 import re
@@ -20,11 +24,15 @@ from adaptive_ds.models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
 
 
+FINE = sys.argv[2:] == ["fine"]
+
+
 def config(ep_size: int) -> AdaptiveDSConfig:
+    options = dict(moe_expert_granularity=2, moe_shared_experts=1, moe_balancing="bias") if FINE else {}
     return AdaptiveDSConfig(arch="moe", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                             moe_drop_tokens=False, moe_ep_size=ep_size, router_aux_loss_coef=0.0,
-                            router_z_loss_coef=0.0, moe_grouped_gemm=sys.argv[1])
+                            router_z_loss_coef=0.0, moe_grouped_gemm=sys.argv[1], **options)
 
 
 def main() -> None:
@@ -32,6 +40,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     reference = AdaptiveDSForCausalLM(config(1))
+    biases = [name for name, _ in reference.named_buffers() if name.endswith("routing_bias_steps")]
+    for name in biases:  # a bias of up to +-0.05 on the gate probabilities
+        reference.get_buffer(name).copy_(torch.randint(-50, 50, reference.get_buffer(name).shape))
     ids = torch.randint(0, 64, (4, 16))
     ref_out = reference(input_ids=ids, labels=ids)
     ref_out.loss.backward()
@@ -41,7 +52,7 @@ def main() -> None:
     for module in model.modules():
         if hasattr(module, "set_deepspeed_parallelism"):
             module.set_deepspeed_parallelism()
-    num_local = 4 // world
+    num_local = reference.config.num_routed_experts // world
     local_to_global = {}
     for name, _ in model.named_parameters():
         match = EXPERT.match(name)
@@ -51,6 +62,8 @@ def main() -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(ref_params[local_to_global[name]])
+        for name in biases:
+            model.get_buffer(name).copy_(reference.get_buffer(name))
 
     half = ids[rank * 2:(rank + 1) * 2]
     out = model(input_ids=half, labels=half)
@@ -66,6 +79,11 @@ def main() -> None:
             dist.all_reduce(grad)
             grad /= world
         torch.testing.assert_close(grad, ref_grads[local_to_global[name]], rtol=1e-4, atol=1e-6, msg=name)
+    if biases:  # each rank's loads, summed over both: the bias moves as the whole batch's loads say
+        model.update_routing_bias([out.expert_counts])
+        for name, load in zip(biases, ref_out.expert_counts, strict=True):
+            expected = reference.get_buffer(name) + torch.sign(load.float().mean() - load.float()).long()
+            assert torch.equal(model.get_buffer(name), expected), name
     print(f"rank {rank}: loss and gradients match the one-process run", flush=True)
     dist.barrier()
     dist.destroy_process_group()
