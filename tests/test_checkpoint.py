@@ -292,3 +292,19 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path):
     assert sorted(after) == [1, 2, 3, 4, 5, 6] and all(after[s] == before[s] for s in range(1, 5))
     # the trained weights and optimizer came back: step 5 continues from step 4's loss, far below a fresh start
     assert after[5] < before[1] - 0.2 and abs(after[5] - before[4]) < 0.3
+
+
+def test_a_checkpoint_from_before_a_new_model_option_resumes_at_its_default(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
+    for state in (out / "checkpoints").glob(f"*/{checkpoint.RUN_STATE}"):  # as an older adaptive_ds wrote them
+        saved = json.loads(state.read_text())
+        del saved["identity"]["model"]["moe_expert_granularity"], saved["identity"]["model"]["moe_balancing"]
+        state.write_text(json.dumps(saved))
+    before = _digest(out)
+    # the option set away from its default is a different model: refused, nothing touched
+    with pytest.raises(CheckpointError, match="model.moe_expert_granularity 1 .this run: 2."):
+        train(["--ds_config", _config(tmp_path, max_steps=6), "--output_dir", str(out),
+               "--model", '{"moe_expert_granularity": 2}'])
+    assert _digest(out) == before
+    summary = train(["--ds_config", _config(tmp_path, max_steps=6), "--output_dir", str(out)])
+    assert summary["tokens_seen"] == 6 * 2 * 2 * 256  # resumed at step 4 and trained on to 6

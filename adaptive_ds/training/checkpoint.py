@@ -46,6 +46,7 @@ from deepspeed.checkpoint.constants import (
 
 from .. import distributed
 from ..data import EMBEDDED_SOURCES
+from ..models import AdaptiveDSConfig
 from . import universal
 
 logger = logging.getLogger(__name__)
@@ -523,8 +524,18 @@ def check_resumable(output_dir: str, tag: str, identity: dict) -> dict:
     if "knobs" not in saved.get("controller", {}):
         raise CheckpointError(f"checkpoint {where!r} was written by an older adaptive_ds (no controller knobs); "
                               "resume it with that version or start a new --output_dir")
-    check_compatible(saved["identity"], identity, where, allowed=LAYOUT_KEYS)
+    check_compatible(with_new_model_fields(saved["identity"]), identity, where, allowed=LAYOUT_KEYS)
     return saved
+
+
+def with_new_model_fields(identity: dict) -> dict:
+    """`identity` with the model fields added to AdaptiveDSConfig since it was written, at their defaults: a new
+    option's default is the behaviour the checkpoint was trained with, so it does not block the resume."""
+    model = identity.get("model")
+    if not isinstance(model, dict):
+        return identity
+    defaults = json.loads(json.dumps(AdaptiveDSConfig().to_dict()))
+    return {**identity, "model": {**defaults, **model}}
 
 
 def resume(engine, output_dir: str, tag: str, identity: dict) -> dict:
