@@ -73,6 +73,13 @@ VARIANTS: dict[str, dict] = {
     # no balancing loss, and no controller raising its coefficient back
     "moe:noaux": {"arch": "moe", "model": {"router_aux_loss_coef": 0.0}, "controller": {"moe_balance": False}},
     "hybrid:dropless": {"arch": "hybrid", "model": {"moe_drop_tokens": False}},
+    # auxiliary-loss-free balancing by a routing bias (DeepSeek-V3, arXiv 2412.19437)
+    "moe:bias": {"arch": "moe", "model": {"moe_balancing": "bias"}},
+    # fine-grained experts: 4x as many, a quarter as wide, top-8 (DeepSeekMoE, arXiv 2401.06066): same active FLOPs
+    "moe:fine": {"arch": "moe", "model": {"moe_expert_granularity": 4}},
+    # DeepSeekMoE's recipe: fine-grained, one shared expert of the routed experts' width, bias balancing, dropless
+    "moe:deepseek": {"arch": "moe", "model": {"moe_expert_granularity": 4, "moe_shared_experts": 1,
+                                             "moe_balancing": "bias", "moe_drop_tokens": False}},
     # Raposo et al. (arXiv 2404.02258), their best setting: 12.5% capacity on every other block
     "mod:paper": {"arch": "mod", "model": {"mod_capacity": 0.125, "mod_layer_interval": 2}},
 }
@@ -124,6 +131,7 @@ class GridSpec:
     tokenizer: str | None = None
     warmup_steps: int | None = None
     baseline: str = "dense"
+    eval_batches: int | None = None
 
     @property
     def data_name(self) -> str:
@@ -143,6 +151,8 @@ class GridSpec:
             args += ["--controller", json.dumps(variant.controller, sort_keys=True)]
         if self.warmup_steps is not None:
             args += ["--warmup_steps", str(self.warmup_steps)]
+        if self.eval_batches is not None:
+            args += ["--eval_batches", str(self.eval_batches)]
         return args
 
     def run_dir(self, runs_dir: str, variant: Variant, seed: int) -> str:
@@ -164,6 +174,8 @@ class GridSpec:
             parts += ["--baseline", self.baseline]
         if self.warmup_steps is not None:
             parts += ["--warmup_steps", str(self.warmup_steps)]
+        if self.eval_batches is not None:
+            parts += ["--eval_batches", str(self.eval_batches)]
         return shlex.join(parts)
 
 
@@ -381,6 +393,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup_steps", type=int,
                    help="learning-rate warm-up of every run (default: the ds_config's; a GPU config's 2000 steps "
                         "are meant for its 20000)")
+    p.add_argument("--eval_batches", type=int,
+                   help="held-out batches of every run's validation loss (default: the ds_config's); more batches, "
+                        "smaller standard errors")
     p.add_argument("--price", type=float, help="$ per device-hour (default: adaptive_ds/hardware.py's table)")
     p.add_argument("--out", default="benchmarks", help="the JSON report and PNG figures")
     p.add_argument("--runs", default="runs/grid", help="the training runs; the same directory continues a grid")
@@ -403,7 +418,7 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
         if repeated:
             raise SystemExit(f"error: {what}(s) {', '.join(repeated)} given twice; each trains once")
     found = [GridSpec(preset, variants, tuple(args.seeds), args.tokens, args.ds_config, args.data, args.tokenizer,
-                      args.warmup_steps, args.baseline) for preset in args.preset]
+                      args.warmup_steps, args.baseline, args.eval_batches) for preset in args.preset]
     for spec in found:
         for variant in variants:
             try:

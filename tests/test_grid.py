@@ -185,8 +185,8 @@ def test_variants_are_named_or_a_name_with_json_overrides(tmp_path):
     dropless = parse_variant('moe:dropless+{"router_aux_loss_coef": 0, "controller": {"spike_sigma": 3}}')
     assert dropless.arch == "moe" and dropless.model == {"moe_drop_tokens": False, "router_aux_loss_coef": 0}
     assert dropless.controller == {"spike_sigma": 3}
-    with pytest.raises(ValueError, match=r"unknown variant 'moe:bias'; valid: dense, moe, mod, hybrid, moe:dropless"):
-        parse_variant("moe:bias")
+    with pytest.raises(ValueError, match=r"unknown variant 'moe:bogus'; valid: dense, moe, mod, hybrid, moe:dropless"):
+        parse_variant("moe:bogus")
     with pytest.raises(ValueError, match=r"what follows '\+' is not JSON"):
         parse_variant("moe+{drop}")
     with pytest.raises(ValueError, match="must be a JSON object"):
@@ -202,8 +202,8 @@ def test_variants_are_named_or_a_name_with_json_overrides(tmp_path):
 
 def test_the_command_refuses_bad_variants_seeds_configs_and_presets(tmp_path, capsys):
     config = write_ds_config(tmp_path)
-    with pytest.raises(SystemExit, match=r"unknown variant 'moe:bias'; valid: dense, moe, mod, hybrid, moe:dropless"):
-        main(["--ds_config", config, "--variants", "dense", "moe:bias"])
+    with pytest.raises(SystemExit, match=r"unknown variant 'moe:bogus'; valid: dense, moe, mod, hybrid, moe:dropless"):
+        main(["--ds_config", config, "--variants", "dense", "moe:bogus"])
     with pytest.raises(SystemExit, match=r"variant dense\+\{\"no_such_field\": 1\}: unknown model field\(s\) "
                                          r"no_such_field; valid: "):
         main(["--ds_config", config, "--variants", 'dense+{"no_such_field": 1}'])
