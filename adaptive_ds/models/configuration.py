@@ -65,6 +65,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
     mod_layer_interval: int = 1
     # How inference routes causally (mod.py): "router" (the router's own logit > 0, trained toward top-k
     # membership by a BCE loss on those logits) or "predictor" (a separate MLP on the detached block input).
+    # Measured (debug preset, 300k tokens, seed 1234), causal over top-k validation loss: mod -2.1% with the
+    # router, +2.6% with the predictor; hybrid -1.7% and +22.6%.
     mod_causal_routing: str = "router"
     mod_predictor_hidden_size: int = 64  # the predictor's MLP width (mod_causal_routing "predictor")
     mod_predictor_loss_coef: float = 1.0  # weight of the causal-routing BCE loss (router's or predictor's)

@@ -208,13 +208,17 @@ class MixtureOfDepths(nn.Module):
         width, fewest = torch.stack([counts.max(), counts.min()]).tolist()
         if width == 0:  # every token skips: the block does not run and its cache is left as it is
             return LayerOutput(hidden_states, mod=MoDRouting(None, routed))
-        # routed positions first, in sequence order; a padding slot points at one of its sequence's skipped tokens
-        order = torch.argsort((~routed).to(torch.uint8), dim=1, stable=True)[:, :width]  # (batch, width)
         valid = torch.arange(width, device=counts.device) < counts.unsqueeze(1)  # (batch, width)
+        keys = valid if fewest < width else None
         if cache is not None:
             keys = cache.append_slots(self.layer_idx, valid, padded=fewest < width)
-        else:
-            keys = valid if fewest < width else None
+        if fewest == seq_len:  # every token routes, as in a routed decoding step: nothing to gather
+            out = self.block(hidden_states, position_embeddings, keys, cache)
+            weight = torch.sigmoid(scores).unsqueeze(-1).to(hidden_states.dtype)
+            return out._replace(hidden_states=hidden_states + (out.hidden_states - hidden_states) * weight,
+                                mod=MoDRouting(None, routed))
+        # routed positions first, in sequence order; a padding slot points at one of its sequence's skipped tokens
+        order = torch.argsort((~routed).to(torch.uint8), dim=1, stable=True)[:, :width]  # (batch, width)
         gathered, rope = self.gather(hidden_states, position_embeddings, order)
         out = self.block(gathered, rope, keys, cache)
         weight = torch.sigmoid(scores.gather(1, order)) * valid  # (batch, width), 0 on padding

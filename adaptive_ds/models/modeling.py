@@ -146,8 +146,9 @@ class AdaptiveDSCausalLMOutput(ModelOutput):
     """`loss` = `lm_loss` + router_aux_loss_coef * `aux_loss` + router_z_loss_coef * `z_loss`
     + mod_predictor_loss_coef * `mod_predictor_loss`.
 
-    The routing losses enter the loss once, here. The MoD predictor's input is detached, so its loss trains the
-    predictor alone and leaves the language model's gradients as they are.
+    The routing losses enter the loss once, here. `mod_predictor_loss` is the MoD causal-routing BCE (see mod.py):
+    on the router's own logits it also reaches the language model; a predictor's input is detached, so there it
+    trains the predictor alone and leaves the language model's gradients as they are.
     """
 
     loss: torch.Tensor | None = None
@@ -186,8 +187,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
         self.post_init()
 
     def set_mod_routing(self, mode: str) -> None:
-        """How MoD blocks route in eval mode: "causal" (the predictor; generation, honest evaluation) or "topk"
-        (the train-time per-sequence top-k, which looks at the whole sequence)."""
+        """How MoD blocks route in eval mode: "causal" (router logit or predictor > 0; generation, honest
+        evaluation) or "topk" (the train-time per-sequence top-k, which looks at the whole sequence)."""
         if mode not in ROUTING_MODES:
             raise ValueError(f"unknown MoD routing {mode!r}; valid choices: {', '.join(ROUTING_MODES)}")
         self.mod_routing = mode
