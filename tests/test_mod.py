@@ -4,6 +4,8 @@ The reference for real skipping is the masked implementation it replaced (`maske
 runs the block and the skipped tokens are masked out of its attention keys and keep their input.
 """
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_config
@@ -214,3 +216,18 @@ def test_flops_match_the_matmuls_torch_counts_in_a_training_step(arch, overrides
     attention = sum(12 * 32 * seq * (r * r if config.is_mod_layer(i) else 1) for i in range(4))
     measured = counter.get_total_flops() / (batch * seq) + attention
     assert measured == pytest.approx(training_flops_per_token(config, seq), rel=1e-9)
+
+
+def test_a_saved_model_from_before_the_router_option_keeps_its_predictor(tmp_path):
+    model = AdaptiveDSForCausalLM(tiny_config("mod", mod_causal_routing="predictor")).eval()
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["mod_causal_routing"]  # as written before the option existed
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = AdaptiveDSForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.mod_causal_routing == "predictor"
+    ids = torch.randint(2, 64, (2, 12))
+    torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+    new = AdaptiveDSForCausalLM(tiny_config("mod"))
+    new.save_pretrained(tmp_path / "new")
+    assert AdaptiveDSForCausalLM.from_pretrained(tmp_path / "new").config.mod_causal_routing == "router"

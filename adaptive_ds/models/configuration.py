@@ -71,6 +71,13 @@ class AdaptiveDSConfig(PreTrainedConfig):
     mod_predictor_hidden_size: int = 64  # the predictor's MLP width (mod_causal_routing "predictor")
     mod_predictor_loss_coef: float = 1.0  # weight of the causal-routing BCE loss (router's or predictor's)
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        # A saved config without `mod_causal_routing` predates it: its model was trained with the predictor.
+        if "mod_causal_routing" not in config_dict:
+            config_dict = {**config_dict, "mod_causal_routing": "predictor"}
+        return super().from_dict(config_dict, **kwargs)
+
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         problems = self.problems()
