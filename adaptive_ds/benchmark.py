@@ -68,7 +68,7 @@ CASES = {
     "mod_paper": CaseSpec("mod (capacity 0.125, every other block)", {"arch": "mod", **MODEL_VARIANTS["mod_paper"]}),
 }
 GENERATION_CASES = ("dense", "moe", "mod", "mod_paper", "hybrid")  # our models: generate() needs no conversion
-RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
+RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("mod_paper", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
           ("dense", "hf_llama_compile"), ("dense_compile", "hf_llama_compile"), ("moe", "hf_mixtral"))
 
 
