@@ -2,6 +2,7 @@
 
     python -m adaptive_ds.benchmark --preset debug --steps 20 --rounds 3 --out bench.json
     python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1
+    python -m adaptive_ds.benchmark --generate --cases dense mod hybrid --micro_batch 1 --trained mod=RUN/final
 
 Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in
 interleaved rounds in one process, so drift in the machine's speed hits them alike; the reported tokens/s is
@@ -14,6 +15,11 @@ compiled cases' warm-up rounds absorb the compilation, and each compiled case re
 graphs compiled after warm-up (recompilations; 0 when the shapes settle). MFU counts the FLOPs of the tokens
 actually routed (`adaptive_ds.flops`) against the GPU's dense peak; on a CPU, where no peak is defined,
 achieved TFLOP/s is reported instead.
+
+`--generate` measures inference instead: `generate()` tokens/s of each case at equal length (the same prompts,
+the same number of new tokens, greedy, with the KV cache), beside the share of tokens each MoD block ran on.
+A MoD model's cost depends on how many tokens its router routes, which a random router does not show (it routes
+about half, whatever the capacity): pass trained models with `--trained CASE=FOLDER`.
 """
 
 from __future__ import annotations
@@ -31,11 +37,11 @@ import torch
 
 from . import distributed
 from .data import build_training_data
-from .export import to_llama, to_mixtral
+from .export import load_any, to_llama, to_mixtral
 from .flops import training_flops_per_token
 from .hardware import DEVICES, detect_device
 from .models import AdaptiveDSForCausalLM
-from .presets import PRESETS, model_config
+from .presets import MODEL_VARIANTS, PRESETS, model_config
 from .report import commit, machine, replace_section
 from .training.optim import parameter_groups
 
@@ -59,8 +65,10 @@ CASES = {
     "hf_mixtral": CaseSpec("transformers MixtralForCausalLM, same weights, dropless top-2", {"arch": "moe"}),
     "mod": CaseSpec("mod (capacity 0.5, every block)", {"arch": "mod"}),
     "hybrid": CaseSpec("hybrid (MoD 0.5 around MoE)", {"arch": "hybrid"}),
+    "mod_paper": CaseSpec("mod (capacity 0.125, every other block)", {"arch": "mod", **MODEL_VARIANTS["mod_paper"]}),
 }
-RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
+GENERATION_CASES = ("dense", "moe", "mod", "mod_paper", "hybrid")  # our models: generate() needs no conversion
+RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("mod_paper", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
           ("dense", "hf_llama_compile"), ("dense_compile", "hf_llama_compile"), ("moe", "hf_mixtral"))
 
 
@@ -200,6 +208,75 @@ def measure_peak_memory(preset: str, arch: str, micro_batch: int, checkpointing:
             "predicted_gib": predicted, "error": predicted / (measured / 2**30) - 1}
 
 
+def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: int, new_tokens: int, rounds: int,
+                       precision: str = "fp32", seed: int = 0, trained: dict[str, str] | None = None) -> dict:
+    """generate() tokens/s of each case: `batch` held-out prompts of `prompt_len` tokens, `new_tokens` greedy
+    tokens each (no early stop), with the KV cache; median over interleaved rounds after one warm-up each.
+
+    `trained`: case -> a trained model folder (save_pretrained / final) used instead of random weights. Each case
+    also reports the share of tokens each MoD block ran on in its generated sequences, and whether generation
+    without the KV cache gave the same tokens.
+    """
+    unknown = sorted(set(cases) - set(GENERATION_CASES)) + sorted(set(trained or {}) - set(cases))
+    if unknown:
+        raise ValueError(f"cannot measure generation of {', '.join(unknown)}; valid cases: "
+                         f"{', '.join(GENERATION_CASES)} (each --trained CASE also among --cases)")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    data = build_training_data("embedded", PRESETS[preset].seq_len, seed)
+    prompts = data.validation_batches(batch, 1)[0]["input_ids"][:, :prompt_len].to(device)
+    models = {}
+    for name in cases:
+        torch.manual_seed(seed)
+        if trained and name in trained:
+            model = load_any(trained[name])[0]
+            if model.config.arch != CASES[name].model["arch"]:
+                raise ValueError(f"--trained {name}={trained[name]} is a {model.config.arch} model, not {name}")
+        else:
+            model = AdaptiveDSForCausalLM(model_config(preset, vocab_size=len(data.tokenizer), moe_drop_tokens=False,
+                                                       **CASES[name].model))
+        models[name] = model.to(device, dtype).eval()
+    steps = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                 pad_token_id=data.tokenizer.pad_token_id)
+    rates = {name: [] for name in cases}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for round_index in range(rounds + 1):  # round 0 warms up
+        for name, model in models.items():
+            sync()
+            start = time.perf_counter()
+            sequences = model.generate(prompts, use_cache=True, **steps)
+            sync()
+            if round_index:
+                rates[name].append(batch * new_tokens / (time.perf_counter() - start))
+    results = {}
+    for name, model in models.items():
+        sequences = model.generate(prompts, use_cache=True, **steps)
+        equal = torch.equal(sequences, model.generate(prompts, use_cache=False, **steps))
+        with torch.no_grad():
+            routing = model(input_ids=sequences, use_cache=False).mod_routing  # the decisions generation made
+        results[name] = {"tokens_per_s": statistics.median(rates[name]), "rounds": rates[name],
+                         "trained": (trained or {}).get(name), "equal_without_cache": equal,
+                         "routed": [float(r.routed.float().mean()) for r in routing or ()]}
+    return {"preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else
+            f"cpu ({torch.get_num_threads()} threads)", "precision": precision, "batch": batch,
+            "prompt_len": prompt_len, "new_tokens": new_tokens, "rounds": rounds, "results": results,
+            "ratios": {f"{name}/dense": r["tokens_per_s"] / results["dense"]["tokens_per_s"]
+                       for name, r in results.items() if name != "dense" and "dense" in results}}
+
+
+def generation_table(report: dict) -> str:
+    lines = [f"generate() on {report['device']}, {report['precision']}, batch {report['batch']}, prompt "
+             f"{report['prompt_len']} + {report['new_tokens']} new tokens, median of {report['rounds']} rounds",
+             f"{'case':<11}{'tokens/s':>10}{'vs dense':>10}  {'cache = no cache':<18}routed share per MoD block"]
+    for name, r in report["results"].items():
+        ratio = report["ratios"].get(f"{name}/dense")
+        routed = " ".join(f"{x:.2f}" for x in r["routed"]) or "-"
+        lines.append(f"{name:<11}{r['tokens_per_s']:>10,.1f}{f'{ratio:.2f}x' if ratio else '':>10}  "
+                     f"{str(r['equal_without_cache']):<18}{routed}{' (trained)' if r['trained'] else ''}")
+    return "\n".join(lines)
+
+
 def _table(report: dict) -> str:
     lines = [f"{report['preset']} on {report['device']}, {report['precision']}, micro-batch {report['micro_batch']} "
              f"x seq {report['seq_len']}, median of {report['rounds']} rounds x {report['steps_per_round']} steps",
@@ -251,15 +328,38 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--micro_batch", type=int, default=16)
     p.add_argument("--precision", default="bf16" if torch.cuda.is_available() else "fp32",
                    choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--cases", nargs="+", choices=list(CASES),
+                   help=f"default: every case; with --generate {' '.join(GENERATION_CASES)}")
     p.add_argument("--out", help="write the report as JSON here")
     p.add_argument("--benchmarks_md", help="also write its tables into this Markdown file (BENCHMARKS.md)")
     p.add_argument("--memory", action="store_true",
                    help="instead: measure one case's peak memory (--cases ARCH) beside the planner's prediction")
     p.add_argument("--checkpointing", action="store_true", help="with --memory: activation checkpointing")
     p.add_argument("--experts", type=int, help="with --memory: number of experts (default: the preset's)")
+    p.add_argument("--generate", action="store_true",
+                   help="instead: generate() tokens/s of each case at equal length (--micro_batch prompts)")
+    p.add_argument("--prompt_len", type=int, default=32, help="with --generate: prompt tokens")
+    p.add_argument("--new_tokens", type=int, default=128, help="with --generate: tokens generated per prompt")
+    p.add_argument("--trained", nargs="+", default=[], metavar="CASE=FOLDER",
+                   help="with --generate: trained models (save_pretrained folders) instead of random weights")
     args = p.parse_args(argv)
     distributed.setup_logging(logging.WARNING)
+    if args.generate:
+        trained = dict(item.split("=", 1) for item in args.trained if "=" in item)
+        if len(trained) != len(args.trained):
+            p.error("--trained takes CASE=FOLDER pairs, e.g. mod=runs/mod/final")
+        try:
+            report = measure_generation(args.preset, args.cases or list(GENERATION_CASES), args.micro_batch,
+                                        args.prompt_len, args.new_tokens, args.rounds, args.precision,
+                                        trained=trained)
+        except ValueError as error:
+            p.error(str(error))
+        print(generation_table(report))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+        return
+    args.cases = args.cases or list(CASES)
     if args.memory:
         print(json.dumps(measure_peak_memory(args.preset, args.cases[0], args.micro_batch, args.checkpointing,
                                              experts=args.experts), indent=2))

@@ -3,7 +3,9 @@
 Uses the PaLM appendix B accounting (Chowdhery et al. 2022): 6 FLOPs per parameter per token for the
 matmuls (forward + backward) plus 12 * hidden * context per layer for attention scores and values.
 A MoD block run on a fraction r of the tokens costs r of its matmuls and r^2 of its attention, since its
-attention only spans the routed tokens.
+attention only spans the routed tokens. Its router runs on every token, as does a causal-routing predictor;
+the predictor's input is detached, so the backward of its first layer computes no input gradient (4 FLOPs per
+parameter there, not 6).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ def training_flops_per_token(config: AdaptiveDSConfig, seq_len: int,
         if config.is_mod_layer(i):
             r = next(mod_blocks, config.mod_capacity)
             # the routed share runs the block; router and predictor run on every token
-            flops += 6.0 * matmuls * r + 12.0 * h * seq_len * r * r + 6.0 * params.mod_routing
+            flops += 6.0 * matmuls * r + 12.0 * h * seq_len * r * r + 6.0 * params.mod_router
+            if params.mod_predictor:  # (h + 1) * p parameters: h * p in the first layer, p in the second
+                flops += 4.0 * params.mod_predictor + 2.0 * config.mod_predictor_hidden_size
         else:
             flops += 6.0 * matmuls + 12.0 * h * seq_len
     return flops

@@ -82,6 +82,9 @@ VARIANTS: dict[str, dict] = {
                                              "moe_balancing": "bias", "moe_drop_tokens": False}},
     # Raposo et al. (arXiv 2404.02258), their best setting: 12.5% capacity on every other block
     "mod:paper": {"arch": "mod", "model": {"mod_capacity": 0.125, "mod_layer_interval": 2}},
+    # causal routing by the detached predictor MLP (the default before router-logit routing)
+    "mod:predictor": {"arch": "mod", "model": {"mod_causal_routing": "predictor"}},
+    "hybrid:predictor": {"arch": "hybrid", "model": {"mod_causal_routing": "predictor"}},
 }
 
 

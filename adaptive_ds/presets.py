@@ -6,6 +6,7 @@ Run `python -m adaptive_ds.presets [--vocab_size N]` to print the counts.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 
 from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
@@ -30,6 +31,14 @@ PRESETS: dict[str, Preset] = {
     "debug_200m": Preset(1024, 12, 16, 4, 2816, 2048, 8, 2, 0.5),
     "b1": Preset(2048, 22, 32, 4, 5632, 2048, 8, 2, 0.6),
     "b7": Preset(4096, 32, 32, 8, 11008, 2048, 8, 2, 0.5),
+}
+
+
+# Named settings of the model config, passed as overrides of a preset: `--model '{"mod_capacity": 0.125,
+# "mod_layer_interval": 2}'` on the command line, `model_config(preset, arch, vocab, **MODEL_VARIANTS[name])` in code.
+MODEL_VARIANTS: dict[str, dict] = {
+    # The best MoD setting of Raposo et al. 2024 (arXiv 2404.02258, sec. 4.1): 12.5% capacity in every other block.
+    "mod_paper": {"mod_capacity": 0.125, "mod_layer_interval": 2},
 }
 
 
@@ -74,7 +83,8 @@ class BlockParameters:
     experts_per_token: int
     router: int  # the MoE router (0 in a dense layer)
     shared: int  # what every token runs beside its routed experts: shared experts, PR-MoE residual MLP (0: none)
-    mod_routing: int  # the MoD router and causal-routing predictor, run on every token (0: not routed)
+    mod_router: int  # the MoD router, run on every token (0: not routed)
+    mod_predictor: int  # the MoD causal-routing predictor, run on every token (0: none, or not routed)
 
     @property
     def mlp_total(self) -> int:
@@ -86,14 +96,21 @@ class BlockParameters:
         return self.router + self.experts_per_token * self.mlp + self.shared if self.experts else self.mlp
 
     @property
+    def mod_routing(self) -> int:
+        """The MoD routing parameters: router and predictor."""
+        return self.mod_router + self.mod_predictor
+
+    @property
     def total(self) -> int:
         return self.attention + self.norms + self.mlp_total + self.mod_routing
 
 
 def block_parameters(config: AdaptiveDSConfig, layer_idx: int) -> BlockParameters:
     h, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
-    mod_routing = h + (h + 1) * config.mod_predictor_hidden_size if config.is_mod_layer(layer_idx) else 0
-    common = dict(attention=2 * h * h + 2 * h * kv, norms=2 * h, mod_routing=mod_routing)
+    mod = config.is_mod_layer(layer_idx)
+    predictor = mod and config.mod_causal_routing == "predictor"
+    common = dict(attention=2 * h * h + 2 * h * kv, norms=2 * h, mod_router=h if mod else 0,
+                  mod_predictor=(h + 1) * config.mod_predictor_hidden_size if predictor else 0)
     if not config.is_moe_layer(layer_idx):
         return BlockParameters(**common, mlp=3 * h * config.intermediate_size, experts=0, experts_per_token=0,
                                router=0, shared=0)
@@ -111,7 +128,7 @@ def parameter_counts(config: AdaptiveDSConfig) -> ParameterCounts:
 
     Active parameters: a token uses the embedding row, attention, norms, the MLP or its top-k routed experts
     plus the router and any shared experts, and the LM head. In a MoD-routed block only `mod_capacity` of the
-    tokens run the block, so the block counts with that weight (its router and causal-routing predictor with
+    tokens run the block, so the block counts with that weight (its router and any causal-routing predictor with
     weight 1).
     """
     h = config.hidden_size
@@ -144,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
             counts = parameter_counts(model_config(name, arch, args.vocab_size))
             print(f"{name:<12}{arch:<8}{counts.total:>16,}{counts.active:>16,}"
                   f"{_human(counts.total):>9}{_human(counts.active):>9}")
+    print("model variants (arch mod or hybrid): --model '<JSON>'")
+    for name, fields in MODEL_VARIANTS.items():
+        print(f"{name:<12}{json.dumps(fields)}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ The routing losses and statistics are returned with the hidden states; nothing i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +16,8 @@ from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from .configuration import AdaptiveDSConfig
-from .mod import ROUTING_MODES, AdaptiveDSCache, MixtureOfDepths, MoDRouting
-from .moe import MoEFeedForward, MoERouting, SwiGLU, update_routing_bias
+from .mod import ROUTING_MODES, AdaptiveDSCache, LayerOutput, MixtureOfDepths, MoDRouting
+from .moe import MoEFeedForward, SwiGLU, update_routing_bias
 
 
 class RMSNorm(nn.Module):
@@ -86,10 +85,10 @@ class Attention(nn.Module):
         k = self.k_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, k, *position_embeddings)
-        past_len = 0
         if cache is not None:
-            past_len = cache.get_seq_length(self.layer_idx)
             k, v = cache.update(k, v, self.layer_idx)
+        # keys cached before this call: one per token, or in a MoD block one per slot (see AdaptiveDSCache)
+        past_len = k.shape[2] - seq_len
         mask = None
         if key_padding_mask is not None or (past_len and seq_len > 1):
             if key_padding_mask is None:
@@ -99,12 +98,6 @@ class Attention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=mask is None and seq_len > 1, enable_gqa=True
         )  # (batch, heads, seq, head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
-
-
-class LayerOutput(NamedTuple):
-    hidden_states: torch.Tensor
-    moe: MoERouting | None = None  # the MoE MLP's routing
-    mod: MoDRouting | None = None  # the MoD router's decisions
 
 
 class DecoderLayer(nn.Module):
@@ -153,8 +146,9 @@ class AdaptiveDSCausalLMOutput(ModelOutput):
     """`loss` = `lm_loss` + router_aux_loss_coef * `aux_loss` + router_z_loss_coef * `z_loss`
     + mod_predictor_loss_coef * `mod_predictor_loss` (without the aux term under `moe_balancing="bias"`).
 
-    The routing losses enter the loss once, here. The MoD predictor's input is detached, so its loss trains the
-    predictor alone and leaves the language model's gradients as they are.
+    The routing losses enter the loss once, here. `mod_predictor_loss` is the MoD causal-routing BCE (see mod.py):
+    on the router's own logits it also reaches the language model; a predictor's input is detached, so there it
+    trains the predictor alone and leaves the language model's gradients as they are.
     """
 
     loss: torch.Tensor | None = None
@@ -193,8 +187,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
         self.post_init()
 
     def set_mod_routing(self, mode: str) -> None:
-        """How MoD blocks route in eval mode: "causal" (the predictor; generation, honest evaluation) or "topk"
-        (the train-time per-sequence top-k, which looks at the whole sequence)."""
+        """How MoD blocks route in eval mode: "causal" (router logit or predictor > 0; generation, honest
+        evaluation) or "topk" (the train-time per-sequence top-k, which looks at the whole sequence)."""
         if mode not in ROUTING_MODES:
             raise ValueError(f"unknown MoD routing {mode!r}; valid choices: {', '.join(ROUTING_MODES)}")
         self.mod_routing = mode
@@ -222,6 +216,9 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
             cache = None
         elif cache is None:
             cache = AdaptiveDSCache(config=self.config)
+        elif self.config.uses_mod and not isinstance(cache, AdaptiveDSCache):
+            raise ValueError(f"a MoD model needs an AdaptiveDSCache (it records which tokens each routed block "
+                             f"cached), got {type(cache).__name__}")
         past_len = cache.get_seq_length() if cache is not None else 0
 
         key_padding_mask = None
@@ -249,6 +246,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
                 moe_routing.append(out.moe)
             if out.mod is not None:
                 mod_routing.append(out.mod)
+        if isinstance(cache, AdaptiveDSCache):
+            cache.seen_tokens += seq_len
 
         predictor = [r.predictor_loss for r in mod_routing if r.predictor_loss is not None]
         return AdaptiveDSModelOutput(
