@@ -129,13 +129,17 @@ def test_a_reporter_without_its_package_fails_at_validation(tmp_path, monkeypatc
 
 
 def test_bad_model_overrides_stop_training_before_the_process_group_and_the_output(tmp_path):
-    from adaptive_ds.training import train
-
+    # A fresh interpreter: in this one an earlier test's run may have left a process group behind.
     out = tmp_path / "run"
     path = _config(tmp_path, block={"arch": "mod", "model": {"mod_capacity": 2}})
-    with pytest.raises(ConfigError, match="mod_capacity must be in"):
-        train(["--ds_config", path, "--output_dir", str(out)])
-    assert not torch.distributed.is_initialized() and not out.exists()
+    code = ("import sys, torch.distributed as dist; from adaptive_ds.training import train; "
+            "from adaptive_ds.training.arguments import ConfigError\n"
+            f"try: train(['--ds_config', {path!r}, '--output_dir', {str(out)!r}])\n"
+            "except ConfigError as e: print('refused:', e); sys.exit(3 if dist.is_initialized() else 0)\n"
+            "sys.exit(4)")
+    result = run_command([sys.executable, "-c", code])
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert "mod_capacity must be in" in result.stdout and not out.exists()
 
 
 def test_batch_sizes_are_checked_against_the_world_size(tmp_path):
@@ -172,7 +176,6 @@ def test_launcher_exits_with_one_line_and_leaves_outputs_alone(tmp_path):
 
 @pytest.mark.gpu
 def test_the_gpu_memory_cap_makes_larger_allocations_fail():
-    import torch
 
     from adaptive_ds.training.loop import _cap_gpu_memory
 
