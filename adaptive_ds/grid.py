@@ -58,7 +58,7 @@ from .flops import training_flops_per_token
 from .grid_tables import BUDGETS, PHASES, RUN_KEYS, aggregate, compare, markdown, plot
 from .hardware import DEVICES, detect_device
 from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
-from .presets import PRESETS
+from .presets import MODEL_VARIANTS, PRESETS
 from .report import commit, machine, replace_section
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ VARIANTS: dict[str, dict] = {
     "moe:deepseek": {"arch": "moe", "model": {"moe_expert_granularity": 4, "moe_shared_experts": 1,
                                              "moe_balancing": "bias", "moe_drop_tokens": False}},
     # Raposo et al. (arXiv 2404.02258), their best setting: 12.5% capacity on every other block
-    "mod:paper": {"arch": "mod", "model": {"mod_capacity": 0.125, "mod_layer_interval": 2}},
+    "mod:paper": {"arch": "mod", "model": MODEL_VARIANTS["mod_paper"]},
     # causal routing by the detached predictor MLP (the default before router-logit routing)
     "mod:predictor": {"arch": "mod", "model": {"mod_causal_routing": "predictor"}},
     "hybrid:predictor": {"arch": "hybrid", "model": {"mod_causal_routing": "predictor"}},

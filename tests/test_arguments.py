@@ -186,3 +186,13 @@ def test_the_gpu_memory_cap_makes_larger_allocations_fail():
         torch.empty(2**29, dtype=torch.uint8, device="cuda")  # half a GiB still fits
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_a_named_model_variant_sets_its_fields_and_explicit_overrides_win(tmp_path):
+    settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_paper"], 1)
+    assert settings.model == {"mod_capacity": 0.125, "mod_layer_interval": 2}  # Raposo et al.'s best setting
+    settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_paper",
+                         "--model", '{"mod_capacity": 0.25}'], 1)
+    assert settings.model == {"mod_capacity": 0.25, "mod_layer_interval": 2}
+    with pytest.raises(ConfigError, match="unknown variant 'mod_fast'; valid choices: mod_paper"):
+        parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_fast"], 1)

@@ -24,7 +24,7 @@ from .. import ds_config as ds_config_reader
 from ..data import EMBEDDED, source_problems
 from ..ds_config import ConfigError
 from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
-from ..presets import PRESETS, model_config
+from ..presets import MODEL_VARIANTS, PRESETS, model_config
 from .controller import ControllerSettings, controller_settings
 
 __all__ = ["ConfigError", "RunSettings", "build_parser", "check_precision", "parse", "settings_markdown", "validate"]
@@ -96,6 +96,8 @@ class RunSettings:
     gpu_memory_gib: float | None = setting(None, "cap each process's CUDA allocator here (e.g. 15 to rehearse a "
                                                  "T4 on a larger GPU)", above=0)
     controller: dict = setting({}, "ControllerSettings fields (adaptive_ds/training/controller.py)")
+    variant: str | None = setting(None, "a named model variant of adaptive_ds/presets.py (MODEL_VARIANTS), applied "
+                                        "before the model overrides", choices=tuple(MODEL_VARIANTS))
     model: dict = setting({}, "overrides of AdaptiveDSConfig fields, e.g. {\"mod_capacity\": 0.25}")
 
 
@@ -299,6 +301,8 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
         setattr(settings, f.name, {**current, **value} if isinstance(current, dict) else value)
     if args.ep_size is not None:
         settings.model = {**settings.model, "moe_ep_size": args.ep_size}
+    if settings.variant in MODEL_VARIANTS and isinstance(settings.model, dict):
+        settings.model = {**MODEL_VARIANTS[settings.variant], **settings.model}
     validate(settings, ds_config, world_size)
     return settings, ds_config
 
