@@ -96,12 +96,14 @@ def _assert_continues(resumed, reference, rel):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["dense", "mod", "moe", "hybrid"])
+# mod's parameters convert as dense's do (no expert layout): dense stands for both
+@pytest.mark.parametrize("arch", ["dense", "moe", "hybrid"])
 def test_a_two_process_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_path, arch):
     expert_parallel = ["--ep_size", "2"] if arch in ("moe", "hybrid") else []
-    out, reference, _, one = _train(tmp_path, arch, *expert_parallel)
-    result = _run(tmp_path / "resumed", one, out, 1)  # ep_size 1: the default
+    out, reference, two, _ = _train(tmp_path, arch, *expert_parallel)
+    result = _run(tmp_path / "resumed", two, out, 1)  # the same ds_config; ep_size 1: the default
     assert "through DeepSpeed's universal format" in result.stderr
+    assert "gradient accumulation 2 keeps its global batch of 4 rows" in result.stderr  # re-derived
     _assert_restored(tmp_path / "saved", tmp_path / "resumed", 2, num_experts=8 if expert_parallel else None)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2 and summary["world_size"] == 1
