@@ -31,10 +31,13 @@ def machine() -> str:
 
 def replace_section(path: str, key: str, text: str, heading: str) -> None:
     """Put `text` between ``<!-- KEY -->`` and ``<!-- /KEY -->`` in the Markdown file at `path`, replacing what
-    was there; a file without the markers gets them appended under `heading`. Nothing else is touched."""
+    was there; a file without the markers gets them appended under `heading`, a missing file is created. Nothing
+    else is touched."""
     start, end = f"<!-- {key} -->", f"<!-- /{key} -->"
-    with open(path) as f:
-        content = f.read()
+    content = "# Benchmarks\n"
+    if os.path.exists(path):
+        with open(path) as f:
+            content = f.read()
     block = f"{start}\n{text}\n{end}"
     if start in content:
         content = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, content, flags=re.S)

@@ -271,3 +271,16 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
     assert "unknown model field(s) no_such_field" in failure["log_tail"]
     assert os.path.exists(os.path.join(f"{partial}.failed", "metrics.jsonl"))  # the earlier attempt, set aside
     assert "unknown model field(s) no_such_field" in markdown(again)
+
+
+def test_a_section_is_written_into_a_new_file_and_replaced_in_place_later(tmp_path):
+    from adaptive_ds.report import replace_section
+
+    path = tmp_path / "new" / "B.md"
+    path.parent.mkdir()
+    replace_section(str(path), "grid:x", "first", "Grid x")  # no file yet: after hours of runs, never a crash
+    assert path.read_text() == "# Benchmarks\n\n## Grid x\n\n<!-- grid:x -->\nfirst\n<!-- /grid:x -->\n"
+    path.write_text(path.read_text() + "\nhand-written notes\n")
+    replace_section(str(path), "grid:x", "second", "Grid x")
+    assert path.read_text() == ("# Benchmarks\n\n## Grid x\n\n<!-- grid:x -->\nsecond\n<!-- /grid:x -->\n"
+                                "\nhand-written notes\n")
