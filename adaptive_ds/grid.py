@@ -98,10 +98,13 @@ class Variant:
     arch: str
     model: dict = field(default_factory=dict)
     controller: dict = field(default_factory=dict)
+    tokens: int | None = None  # this variant's own token budget (e.g. dense at a cheaper variant's FLOPs)
 
 
 def parse_variant(text: str) -> Variant:
-    """`NAME` of VARIANTS, or `NAME+{JSON}`: the named variant with more model (and "controller") overrides."""
+    """`NAME` of VARIANTS, or `NAME+{JSON}`: the named variant with more model overrides (and "controller"
+    settings, and "tokens": its own token budget, e.g. `dense+{"tokens": 278000}` trains dense on the training
+    FLOPs a cheaper variant spends on the grid's budget: an iso-FLOP baseline with a complete schedule)."""
     base, plus, extra = text.partition("+")
     if base not in VARIANTS:
         raise ValueError(f"unknown variant {text!r}; valid: {', '.join(VARIANTS)}, or one of them followed by "
@@ -117,7 +120,11 @@ def parse_variant(text: str) -> Variant:
             raise ValueError(f"variant {text!r}: what follows '+' must be a JSON object of model overrides (and "
                              "an object under 'controller'), e.g. 'moe+{\"moe_drop_tokens\": false}'")
         controller.update(overrides.pop("controller", {}))
+        tokens = overrides.pop("tokens", None)
+        if tokens is not None and (not isinstance(tokens, int) or tokens < 1):
+            raise ValueError(f"variant {text!r}: 'tokens' must be a positive integer, got {tokens!r}")
         model.update(overrides)
+        return Variant(text, entry["arch"], model, controller, tokens)
     return Variant(text, entry["arch"], model, controller)
 
 
@@ -145,7 +152,7 @@ class GridSpec:
     def training_args(self, variant: Variant, seed: int) -> list[str]:
         """The training command line of one run, its --output_dir aside."""
         args = ["--ds_config", self.ds_config, "--preset", self.preset, "--arch", variant.arch, "--data", self.data,
-                "--tokens", str(self.tokens), "--seed", str(seed), "--resume", "never"]
+                "--tokens", str(variant.tokens or self.tokens), "--seed", str(seed), "--resume", "never"]
         if self.tokenizer is not None:
             args += ["--tokenizer", self.tokenizer]
         if variant.model:

@@ -284,3 +284,15 @@ def test_a_section_is_written_into_a_new_file_and_replaced_in_place_later(tmp_pa
     replace_section(str(path), "grid:x", "second", "Grid x")
     assert path.read_text() == ("# Benchmarks\n\n## Grid x\n\n<!-- grid:x -->\nsecond\n<!-- /grid:x -->\n"
                                 "\nhand-written notes\n")
+
+
+def test_a_variant_may_carry_its_own_token_budget_for_an_iso_flop_baseline():
+    variant = parse_variant('dense+{"tokens": 280122}')
+    assert variant.arch == "dense" and variant.tokens == 280122 and variant.model == {}
+    spec = GridSpec("debug", (variant, parse_variant("mod:paper")), (1,), 500_000, "ds_configs/debug_cpu.json")
+    args = spec.training_args(variant, 1)
+    assert args[args.index("--tokens") + 1] == "280122"
+    other = spec.training_args(spec.variants[1], 1)
+    assert other[other.index("--tokens") + 1] == "500000"
+    with pytest.raises(ValueError, match="'tokens' must be a positive integer, got 0.5"):
+        parse_variant('dense+{"tokens": 0.5}')
