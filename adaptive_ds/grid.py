@@ -362,7 +362,10 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
              price: float | None) -> dict:
     """The report of a grid: `finished` holds each finished run's name (RUN_KEYS) and `load_run` record,
     `failed` each failure of `execute` with the variant and seed."""
-    at = budgets(finished)
+    # Equal-budget figures are read at what every run on the grid's own budget reached: a variant with a smaller
+    # budget of its own (an iso-FLOP baseline) is compared by its validation loss, not by moving that point.
+    own_budget = {v.name for v in spec.variants if v.tokens is not None}
+    at = budgets([r for r in finished if r["variant"] not in own_budget] or finished)
     rows = [{**{k: r[k] for k in RUN_KEYS}, **run_row(r, at, peak_tflops, price)} for r in finished]
     trained = {k: sorted({r["trained"][k] for r in rows}) for k in ("commit", "machine", "date")}
     floors = [r["entropy_floor"] for r in rows]

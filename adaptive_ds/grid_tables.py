@@ -177,7 +177,8 @@ def _header(report: dict) -> list[str]:
         for name, v in report["variants"].items())
     return [
         f"Measured {report['date']} on {report['machine']}, commit {report['commit']}: `{report['command']}` "
-        f"({report['tokens']:,} tokens per run, one process each, seeds {', '.join(map(str, report['seeds']))}; "
+        f"({report['tokens']:,} tokens per run unless a variant names its own, one process each, "
+        f"seeds {', '.join(map(str, report['seeds']))}; "
         f"data `{report['data']}`"
         + (f", entropy floor {floor:.4f} nats/token (mean over the seeds' held-out sets)" if floor is not None
            else ", which has no known entropy floor") + "). "

@@ -86,7 +86,7 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
     torch.set_num_threads(_THREADS)
-    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)  # the same count in this process and its subprocesses
 
 
 @pytest.fixture(autouse=True)

@@ -287,3 +287,20 @@ def test_a_checkpoint_from_before_a_new_model_option_resumes_at_its_default(fini
     assert _digest(out) == before
     summary = train(["--ds_config", _config(tmp_path, max_steps=6), "--output_dir", str(out)])
     assert summary["tokens_seen"] == 6 * 2 * 2 * 256  # resumed at step 4 and trained on to 6
+
+
+@pytest.mark.parametrize("arch", ["dense", "mod"])
+def test_a_missing_model_field_means_what_loading_that_config_means(arch):
+    # A MoD checkpoint from before mod_causal_routing was trained with the predictor: resuming it as the new
+    # default (router) would load the wrong modules, so it is refused in one line unless the run says predictor.
+    # A dense one has no MoD block: the field does nothing there, and the checkpoint resumes as it is.
+    current = {"arch": arch, "model": json.loads(json.dumps(tiny_config(arch).to_dict()))}
+    saved = {"arch": arch, "model": {k: v for k, v in current["model"].items() if k != "mod_causal_routing"}}
+    completed = checkpoint.with_new_model_fields(saved)
+    if arch == "dense":
+        checkpoint.check_compatible(completed, current, "ckpt")
+        return
+    with pytest.raises(CheckpointError, match="model.mod_causal_routing 'predictor' .this run: 'router'."):
+        checkpoint.check_compatible(completed, current, "ckpt")
+    as_predictor = {**current, "model": {**current["model"], "mod_causal_routing": "predictor"}}
+    checkpoint.check_compatible(completed, as_predictor, "ckpt")

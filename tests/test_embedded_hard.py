@@ -51,6 +51,11 @@ def _name_probabilities(name) -> list[float]:
     return probs
 
 
+def _claim(seen: dict, state: str, token: str, probability: float) -> None:
+    """Record the probability claimed for `token` in `state`; a state must claim the same one every time."""
+    assert seen[state].setdefault(token, probability) == pytest.approx(probability, abs=1e-12), (state, token)
+
+
 def test_a_hand_worked_document_has_the_generators_probabilities():
     # [bio] NAME REL VALUE . a OP b = ANSWER ; <eos>: one fact, then one sum, then the end
     table = fact_table()
@@ -80,14 +85,14 @@ def test_next_token_probabilities_sum_to_one_at_sampled_states():
     seen = defaultdict(dict)  # state -> token -> claimed probability
     for doc in _hard_docs(6000, seed=3):
         t, p = doc.tokens, [math.exp(lp) for lp in doc.logprobs]
-        seen["start"].setdefault(t[0], p[0])
+        _claim(seen, "start", t[0], p[0])
         if t[0] == "[bio]":
-            seen["after the bio name"].setdefault(t[4], p[4])
+            _claim(seen, "after the bio name", t[4], p[4])
         if t[0] == "[facts]":
-            seen["first syllable"].setdefault(t[1], p[1])
+            _claim(seen, "first syllable", t[1], p[1])
             for i in range(5, len(t)):
                 if t[i - 1] == ";":  # the next line's first syllable (with 0.75 of going on) or the end
-                    seen["after a facts line"].setdefault(t[i], p[i])
+                    _claim(seen, "after a facts line", t[i], p[i])
     for state, claimed in seen.items():
         assert math.fsum(claimed.values()) == pytest.approx(1.0, abs=1e-9), state
     assert len(seen["after the bio name"]) == len(RELATIONS) + 10 + 10  # relations, determiners, digits

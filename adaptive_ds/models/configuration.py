@@ -90,8 +90,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
-        # A saved config without `mod_causal_routing` predates it: its model was trained with the predictor.
-        if "mod_causal_routing" not in config_dict:
+        # A saved MoD or hybrid config without `mod_causal_routing` predates it: its model was trained with the
+        # predictor. (For the other architectures the field does nothing, and its default stands.)
+        if "mod_causal_routing" not in config_dict and config_dict.get("arch") in ("mod", "hybrid"):
             config_dict = {**config_dict, "mod_causal_routing": "predictor"}
         return super().from_dict(config_dict, **kwargs)
 

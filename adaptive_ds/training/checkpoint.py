@@ -529,13 +529,14 @@ def check_resumable(output_dir: str, tag: str, identity: dict) -> dict:
 
 
 def with_new_model_fields(identity: dict) -> dict:
-    """`identity` with the model fields added to AdaptiveDSConfig since it was written, at their defaults: a new
-    option's default is the behaviour the checkpoint was trained with, so it does not block the resume."""
+    """`identity` with the model fields added to AdaptiveDSConfig since it was written, at what they mean for a
+    config without them (`AdaptiveDSConfig.from_dict`, the one place that decides it: a new option's default, or
+    the behaviour such a checkpoint was trained with), so that a new field alone does not block the resume."""
     model = identity.get("model")
     if not isinstance(model, dict):
         return identity
-    defaults = json.loads(json.dumps(AdaptiveDSConfig().to_dict()))
-    return {**identity, "model": {**defaults, **model}}
+    completed = json.loads(json.dumps(AdaptiveDSConfig.from_dict(model).to_dict()))
+    return {**identity, "model": {**completed, **model}}
 
 
 def resume(engine, output_dir: str, tag: str, identity: dict) -> dict:
