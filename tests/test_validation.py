@@ -33,7 +33,7 @@ def test_validation_loss_and_standard_error_match_a_naive_per_sequence_computati
         labels = ids.clone()
         labels[:, 10 + len(batches):] = -100  # unequal target counts per batch
         batches.append({"input_ids": ids, "labels": labels})
-    loss, se = evaluate(engine, batches)
+    loss, se, share = evaluate(engine, batches)
     # naive: each sequence alone, the model in eval mode, token losses summed by hand
     model = engine.module.eval()
     sums, counts = [], []
@@ -50,3 +50,17 @@ def test_validation_loss_and_standard_error_match_a_naive_per_sequence_computati
     # the ratio estimator's standard error over the 6 sequences
     expected = math.sqrt(((s - ratio * n) ** 2).sum() / (len(s) * (len(s) - 1))) / n.mean()
     assert se == pytest.approx(expected, rel=1e-4) and 0 < se < loss
+    if arch == "dense":
+        assert share is None
+        return
+    # the causal routed share, counted by hand from the router logits (a token runs a block when its logit > 0)
+    hooks = [m.router.register_forward_hook(lambda _, __, out: routed_counts.append(out.squeeze(-1) > 0))
+             for m in model.modules() if hasattr(m, "router") and hasattr(m, "capacity")]
+    routed_counts: list[torch.Tensor] = []
+    with torch.no_grad():
+        for batch in batches:
+            model(input_ids=batch["input_ids"])
+    for hook in hooks:
+        hook.remove()
+    routed, passes = sum(int(r.sum()) for r in routed_counts), sum(r.numel() for r in routed_counts)
+    assert share == pytest.approx(routed / passes) and 0 < share < 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -16,20 +17,29 @@ from .. import distributed
 logger = logging.getLogger(__name__)
 
 
-@torch.no_grad()
-def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> tuple[float, float]:
-    """(loss, standard error): the LM loss per target token over all held-out sequences (the model in eval
-    mode), and the standard error of that ratio over sequences (the ratio estimator's: sqrt(sum_i (s_i - R n_i)^2
-    / (N (N - 1))) / mean(n), with s_i, n_i a sequence's summed loss and target count, R the loss, N sequences).
+class Evaluation(NamedTuple):
+    loss: float
+    se: float
+    routed_share: float | None  # MoD: the share of token-block passes that ran a routed block (None: no MoD)
 
-    MoD blocks route with `mod_routing`: "causal" (the predictor; what generation does, the honest figure) or
-    "topk" (the train-time rule, which sees the whole sequence).
+
+@torch.no_grad()
+def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> Evaluation:
+    """The LM loss per target token over all held-out sequences (the model in eval mode), the standard error of
+    that ratio over sequences (the ratio estimator's: sqrt(sum_i (s_i - R n_i)^2 / (N (N - 1))) / mean(n), with
+    s_i, n_i a sequence's summed loss and target count, R the loss, N sequences), and the share of tokens that
+    ran the MoD blocks.
+
+    MoD blocks route with `mod_routing`: "causal" (router logit > 0, or the predictor; what generation does, the
+    honest figure) or "topk" (the train-time rule, which sees the whole sequence). Causal routing holds no
+    capacity: its routed share is measured, since a loss bought with more routed tokens costs more compute.
     """
     model = engine.module.model
     engine.eval()
     model.set_mod_routing(mod_routing)
     # sums over sequences of: s, n, s^2, s n, n^2, 1
     moments = torch.zeros(6, dtype=torch.float64, device=engine.device)
+    routing = torch.zeros(2, dtype=torch.float64, device=engine.device)  # routed token-block passes, all passes
     rank, world = distributed.rank(), distributed.world_size()
     for first in range(0, len(batches), world):
         # Every rank runs as many forwards as the others (expert-parallel layers exchange tokens in each one);
@@ -37,9 +47,13 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> tuple[
         index = first + rank
         source = batches[index] if index < len(batches) else batches[0]
         batch = {k: v.to(engine.device, non_blocking=True) for k, v in source.items()}
-        logits = engine(input_ids=batch["input_ids"]).logits
+        out = engine(input_ids=batch["input_ids"])
+        logits = out.logits
         if index >= len(batches):
             continue
+        for block in out.mod_routing or ():
+            routing[0] += block.routed.sum()
+            routing[1] += block.routed.numel()
         targets = batch["labels"][:, 1:]
         token_loss = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), targets, ignore_index=-100,
                                      reduction="none")  # (batch, seq - 1)
@@ -51,15 +65,18 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> tuple[
     engine.train()
     if distributed.world_size() > 1:
         dist.all_reduce(moments)
+        dist.all_reduce(routing)
     s, n, ss, sn, nn, count = moments.tolist()
+    routed, passes = routing.tolist()
+    share = routed / passes if passes else None
     if n == 0:
         logger.warning("no held-out tokens to validate on: the validation loss is NaN (raise validation_share)")
-        return float("nan"), float("nan")
+        return Evaluation(float("nan"), float("nan"), share)
     loss = s / n
     if count < 2:
-        return loss, float("nan")
+        return Evaluation(loss, float("nan"), share)
     residual = max(ss - 2 * loss * sn + loss * loss * nn, 0.0)
-    return loss, math.sqrt(residual / (count * (count - 1))) / (n / count)
+    return Evaluation(loss, math.sqrt(residual / (count * (count - 1))) / (n / count), share)
 
 
 class Validator:
@@ -72,9 +89,10 @@ class Validator:
         return bool(self.eval_steps) and step % self.eval_steps == 0
 
     def run(self, engine) -> dict:
-        loss, se = evaluate(engine, self.batches)
-        losses = {"validation_loss": loss, "validation_loss_se": se}
+        causal = evaluate(engine, self.batches)
+        losses = {"validation_loss": causal.loss, "validation_loss_se": causal.se}
         if self.uses_mod:
-            losses["validation_loss_topk_routing"], losses["validation_loss_topk_routing_se"] = evaluate(
-                engine, self.batches, "topk")
+            topk = evaluate(engine, self.batches, "topk")
+            losses.update(validation_loss_topk_routing=topk.loss, validation_loss_topk_routing_se=topk.se,
+                          validation_causal_routed_share=causal.routed_share)
         return losses
