@@ -52,13 +52,17 @@ def test_measured_cpu_throughput_stays_under_the_cpu_peak():
 
 
 def test_the_measured_grid_stays_under_the_cpu_peak():
-    section = _section("grid:debug")
+    section = _section("grid:debug:embedded-hard")
     assert "Measured" in section and "no GPU" in section and "`python -m adaptive_ds.grid" in section
-    (header, rows), _ = _tables(section)
+    speed = next((header, rows) for header, rows in _tables(section) if "tokens/s" in header)
+    header, rows = speed
     column = header.index("tokens/s")
-    assert [row[0] for row in rows] == ["dense", "moe", "mod", "hybrid"]
+    variants = [row[0] for row in rows]
+    assert {"dense", "moe", "mod", "hybrid"} <= set(variants)
     for row in rows:
-        assert _cpu_tflops(_number(row[column]), row[0]) < CPU_PEAK_TFLOPS, row[0]
+        arch = re.match(r"(\w+)", row[0]).group(1)  # a variant's architecture: dense+{...} -> dense
+        tokens_per_s = _number(row[column].split("±")[0])  # the mean over the seeds
+        assert _cpu_tflops(tokens_per_s, arch) < CPU_PEAK_TFLOPS, row[0]
 
 
 def test_projections_are_labelled_and_stay_under_the_gpu_peak():
