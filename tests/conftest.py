@@ -95,6 +95,9 @@ def _seed():
 
 
 def pytest_collection_modifyitems(config, items):
+    # The long multi-process runs first (a stable sort keeps each group's order): under pytest -n the workers
+    # start on them together and share out the short tests at the end, instead of waiting on a long one last.
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
