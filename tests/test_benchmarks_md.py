@@ -82,6 +82,7 @@ def test_projections_are_labelled_and_stay_under_the_gpu_peak():
             assert _number(row[projected]) <= _number(row[bound]) <= limit * 1.001, (preset, row[0], gpu)
 
 
-@pytest.mark.parametrize("key", ["throughput:debug:cpu", "grid:debug", "plan:validation", "plan:projections"])
+@pytest.mark.parametrize("key", ["throughput:debug:cpu", "grid:debug:embedded-hard", "grid:debug:text-prepared",
+                                 "plan:validation", "plan:projections"])
 def test_every_generated_section_is_filled(key):
     assert _section(key).count("\n|") >= 3
