@@ -34,8 +34,8 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# Named settings of the model config, passed as overrides of a preset: `--model '{"mod_capacity": 0.125,
-# "mod_layer_interval": 2}'` on the command line, `model_config(preset, arch, vocab, **MODEL_VARIANTS[name])` in code.
+# Named settings of the model config, passed as overrides of a preset: `--variant mod_paper` (or its fields as
+# `--model '{...}'`) on the command line, `model_config(preset, arch, vocab, **MODEL_VARIANTS[name])` in code.
 MODEL_VARIANTS: dict[str, dict] = {
     # The best MoD setting of Raposo et al. 2024 (arXiv 2404.02258, sec. 4.1): 12.5% capacity in every other block.
     "mod_paper": {"mod_capacity": 0.125, "mod_layer_interval": 2},
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
             counts = parameter_counts(model_config(name, arch, args.vocab_size))
             print(f"{name:<12}{arch:<8}{counts.total:>16,}{counts.active:>16,}"
                   f"{_human(counts.total):>9}{_human(counts.active):>9}")
-    print("model variants (arch mod or hybrid): --model '<JSON>'")
+    print("model variants (arch mod or hybrid): --variant NAME, the same as --model '<JSON>'")
     for name, fields in MODEL_VARIANTS.items():
         print(f"{name:<12}{json.dumps(fields)}")
 
