@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -380,8 +381,9 @@ def corpus_statistics(seq_len: int, namespace: str, num_blocks: int = 2000, tier
 @lru_cache(maxsize=8)
 def _statistics(seq_len: int, namespace: str, num_blocks: int, tier: str) -> CorpusStatistics:
     # Seconds of generation per process: kept on disk, keyed by this generator's source (see disk_cache).
+    # the Python version too: the generator draws from `random`, whose algorithms a new Python may change
     key = {"seq_len": seq_len, "namespace": namespace, "num_blocks": num_blocks, "tier": tier,
-           "source": source_digest(__file__)}
+           "source": source_digest(__file__), "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
     return CorpusStatistics(**cached_json("embedded-statistics", key,
                                           lambda: asdict(_estimate(seq_len, namespace, num_blocks, tier))))
 
