@@ -12,11 +12,15 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from conftest import DISTRIBUTED_VARIABLES, ROOT, free_port, run_command, write_ds_config
 
+from adaptive_ds import distributed
+from adaptive_ds.training.__main__ import _lost_a_process, _stopped
 from adaptive_ds.training.checkpoint import latest_tag
 
-STOPPED = re.compile(r"error: (lost contact with another process \((.+)\)|stopped by SIGTERM \(.+\)) at step (\d+); "
+STOPPED = re.compile(r"error: (lost contact with another process \((.+)\)|stopped by SIGTERM \(.+\)|"
+                     r"a data loader worker died \(.+\)) at step (\d+); "
                      r"rerun the same command to resume from checkpoint \S+/checkpoints/(step\d{8})")
 MAX_STEPS = 12
 
@@ -99,3 +103,31 @@ def test_a_hung_rank_stops_the_run_after_the_collective_timeout(tmp_path):
     message, reason, _, _ = _stopped_line(log.read_text())
     assert message.startswith("lost contact") and "Timed out" in reason, message
     assert 15 < waited < 90
+
+
+class _Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, index):
+        time.sleep(0.05)
+        return index
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_data_loader_worker_stopped_by_a_signal_is_a_lost_process_not_a_traceback(signum, monkeypatch):
+    """torchrun stops a failed run by signalling process groups, so a survivor's loader worker can be the first
+    to receive SIGTERM (seen in a full test run): the survivor must still end with the one line."""
+    batches = iter(torch.utils.data.DataLoader(_Slow(), num_workers=1))
+    next(batches)
+    os.kill(batches._workers[0].pid, signum)
+    with pytest.raises(RuntimeError) as raised:
+        for _ in batches:
+            pass
+    what = _lost_a_process(raised.value)
+    # torch reports a worker's death by its signal (SIGCHLD handler) or, if its queue noticed first, without it
+    assert what.startswith("stopped by SIGTERM (" if signum == signal.SIGTERM else "a data loader worker died (") \
+        or what.startswith("a data loader worker died (DataLoader worker (pid(s) "), what
+    monkeypatch.setattr(distributed, "progress", distributed.Progress(7, "/run/checkpoints/step00000006"))
+    assert STOPPED.fullmatch(_stopped(what)).group(3, 4) == ("7", "step00000006")
+    assert _lost_a_process(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None

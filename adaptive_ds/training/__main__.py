@@ -7,6 +7,7 @@ torchrun's agent stops the survivors with SIGTERM. The same command then resumes
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 
@@ -49,10 +50,33 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
     except Terminated:
         sys.exit(_stopped("stopped by SIGTERM (a launcher stops every process when one fails)"))
     except RuntimeError as error:
-        if not distributed.lost_contact(error):
+        what = _lost_a_process(error)
+        if what is None:
             raise
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM would cut this line short
-        sys.exit(_stopped(f"lost contact with another process ({distributed.describe_lost_contact(error)})"))
+        sys.exit(_stopped(what))
+
+
+# torch's words for a loader worker that died (torch/utils/data: by a signal, or noticed by the main process)
+_DATA_WORKER_LOST = re.compile(
+    r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:is killed by signal: (?P<signal>\w+)|exited unexpectedly)")
+
+
+def _lost_a_process(error: RuntimeError) -> str | None:
+    """What the one line says for an error that means a process of the run is gone; None for any other error.
+
+    A data loader worker can be the first to go: torchrun stops a failed run by signalling whole process groups,
+    so a survivor's loader worker may receive SIGTERM before the survivor does, and torch then raises
+    "DataLoader worker (pid N) is killed by signal: Terminated" wherever the main process is.
+    """
+    if distributed.lost_contact(error):
+        return f"lost contact with another process ({distributed.describe_lost_contact(error)})"
+    worker = _DATA_WORKER_LOST.search(str(error))
+    if worker is None:
+        return None
+    if worker.group("signal") == "Terminated":
+        return "stopped by SIGTERM (a launcher stops every process when one fails; a data loader worker got it first)"
+    return f"a data loader worker died ({' '.join(worker.group(0).split())})"
 
 
 if __name__ == "__main__":
