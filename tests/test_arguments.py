@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import DEBUG_CPU, ROOT, run_command
 
+from adaptive_ds.presets import model_config
 from adaptive_ds.training.arguments import ConfigError, RunSettings, build_parser, parse, settings_markdown
 
 
@@ -195,5 +196,16 @@ def test_a_named_model_variant_sets_its_fields_and_explicit_overrides_win(tmp_pa
     settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_paper",
                          "--model", '{"mod_capacity": 0.25}'], 1)
     assert settings.model == {"mod_capacity": 0.25, "mod_layer_interval": 2}
-    with pytest.raises(ConfigError, match="unknown variant 'mod_fast'; valid choices: mod_paper"):
+    with pytest.raises(ConfigError, match="unknown variant 'mod_fast'; valid choices: mod_paper, mod_half"):
         parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_fast"], 1)
+
+
+@pytest.mark.parametrize(("argv", "capacity", "interval"), [
+    ([], 0.125, 2),  # mod's default: the paper's setting
+    (["--variant", "mod_half"], 0.5, 1),  # the default before it
+    (["--variant", "mod_half", "--model", '{"mod_layer_interval": 2}'], 0.5, 2),
+])
+def test_the_mod_model_a_run_builds(argv, capacity, interval):
+    settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", *argv], 1)
+    config = model_config(settings.preset, settings.arch, 128, **settings.model)  # as the training loop builds it
+    assert (config.mod_capacity, config.mod_layer_interval) == (capacity, interval)

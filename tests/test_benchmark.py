@@ -1,11 +1,12 @@
 """The side-by-side throughput benchmark runs every case through the DeepSpeed engine on CPU."""
 
+import pytest
 import torch
 
 from adaptive_ds.benchmark import CASES, RATIOS, measure_generation, run_benchmark, write_section
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.models import AdaptiveDSForCausalLM
-from adaptive_ds.presets import model_config
+from adaptive_ds.presets import MODEL_VARIANTS, model_config
 
 
 def test_benchmark_reports_every_case_and_ratio(tmp_path):
@@ -15,7 +16,8 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
         assert len(result["rounds"]) == 2 and result["tokens_per_s"] > 0 and result["mfu"] is None
     assert [name for name, r in report["results"].items() if r["compiled"]] == ["dense_compile", "hf_llama_compile"]
     assert set(report["ratios"]) == {f"{a}/{b}" for a, b in RATIOS}
-    # MoD's FLOPs per token count only the routed tokens
+    # MoD's FLOPs per token count only the routed tokens; the mod case runs capacity 0.5 in every block
+    assert CASES["mod"].model == {"arch": "mod", "mod_capacity": 0.5, "mod_layer_interval": 1}
     assert report["results"]["mod"]["flops_per_token"] < 0.6 * report["results"]["dense"]["flops_per_token"]
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n")
@@ -27,7 +29,7 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
 
 def test_generation_benchmark_measures_each_case_at_equal_length(tmp_path):
     tokenizer = embedded_tokenizer()
-    trained = AdaptiveDSForCausalLM(model_config("debug", "mod", len(tokenizer)))
+    trained = AdaptiveDSForCausalLM(model_config("debug", vocab_size=len(tokenizer), **CASES["mod"].model))
     for name, param in trained.named_parameters():
         if name.endswith("router.weight"):
             torch.nn.init.zeros_(param)  # a router that routes nothing: random ones route about half
@@ -39,3 +41,18 @@ def test_generation_benchmark_measures_each_case_at_equal_length(tmp_path):
     assert dense["tokens_per_s"] > 0 and mod["tokens_per_s"] > 0 and set(report["ratios"]) == {"mod/dense"}
     assert dense["routed"] == [] and mod["routed"] == [0.0] * 4 and mod["trained"] == str(tmp_path)
     assert dense["equal_without_cache"] and mod["equal_without_cache"]
+
+
+def test_peak_memory_measures_a_case_with_its_model_settings(capsys):
+    from adaptive_ds.benchmark import _ds_config, main, measure_peak_memory
+    from adaptive_ds.plan import plan
+
+    result = measure_peak_memory("debug", "mod", micro_batch=1, checkpointing=False)
+    predicted = {name: plan("debug", "mod", "h200", _ds_config(1, "fp32"), vocab_size=128, cpu_process=True,
+                            model_overrides={"moe_drop_tokens": False, **overrides}).peak_gib
+                 for name, overrides in (("half", MODEL_VARIANTS["mod_half"]), ("default", {}))}
+    # the mod case is capacity 0.5 in every block, as the throughput benchmark runs it, not mod's default
+    assert result["case"] == "mod" and result["predicted_gib"] == predicted["half"] != predicted["default"]
+    with pytest.raises(SystemExit):
+        main(["--memory", "--cases", "hf_llama"])  # not one of our models: it would measure the dense one
+    assert "--memory measures one of our models; --cases one of dense, moe, mod" in capsys.readouterr().err

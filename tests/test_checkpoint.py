@@ -21,6 +21,7 @@ from conftest import DISTRIBUTED_VARIABLES, ROOT, run_command, tiny_config, writ
 from adaptive_ds import distributed
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.presets import model_config
 from adaptive_ds.training import checkpoint, train
 from adaptive_ds.training.checkpoint import CheckpointError, CheckpointSaveError, latest_tag, resume_candidate
 
@@ -304,3 +305,19 @@ def test_a_missing_model_field_means_what_loading_that_config_means(arch):
         checkpoint.check_compatible(completed, current, "ckpt")
     as_predictor = {**current, "model": {**current["model"], "mod_causal_routing": "predictor"}}
     checkpoint.check_compatible(completed, as_predictor, "ckpt")
+
+
+def test_a_mod_checkpoint_without_the_capacity_fields_resumes_as_capacity_half_in_every_block():
+    # mod shipped with capacity 0.5 in every block until the paper's setting became its default (presets.py
+    # ARCH_DEFAULTS): a saved identity that lacks the two fields means that model, so resuming it as today's
+    # default is refused in one line, and a run that asks for the old setting resumes it.
+    half = {"arch": "mod", "model": json.loads(json.dumps(
+        model_config("debug", "mod", 128, mod_capacity=0.5, mod_layer_interval=1).to_dict()))}
+    saved = {"arch": "mod", "model": {k: v for k, v in half["model"].items()
+                                      if k not in ("mod_capacity", "mod_layer_interval")}}
+    completed = checkpoint.with_new_model_fields(saved)
+    assert (completed["model"]["mod_capacity"], completed["model"]["mod_layer_interval"]) == (0.5, 1)
+    checkpoint.check_compatible(completed, half, "ckpt")
+    default = {"arch": "mod", "model": json.loads(json.dumps(model_config("debug", "mod", 128).to_dict()))}
+    with pytest.raises(CheckpointError, match=r"model.mod_capacity 0.5 \(this run: 0.125\)"):
+        checkpoint.check_compatible(completed, default, "ckpt")

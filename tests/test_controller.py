@@ -302,7 +302,9 @@ def test_a_raised_aux_coefficient_returns_to_the_configured_one_in_the_model(tmp
 def test_mod_capacity_moves_toward_a_flops_target_in_the_model(tmp_path):
     out = tmp_path / "run"
     controller = {"mod_flops_target": 0.3, "mod_capacity_bounds": [0.25, 1.0]}
-    train(["--ds_config", _config(tmp_path, controller=controller), "--arch", "mod", "--output_dir", str(out)])
+    # from capacity 0.5 in every block, so that the controller can move it both ways within the bounds
+    train(["--ds_config", _config(tmp_path, controller=controller), "--arch", "mod", "--variant", "mod_half",
+           "--output_dir", str(out)])
     metrics = _jsonl(out / "metrics.jsonl")
     capacities = [m["mod"]["capacity"] for m in metrics]
     assert capacities[0] == 0.5 and capacities[-1] < capacities[0] and min(capacities) >= 0.25

@@ -177,15 +177,19 @@ def test_an_unknown_causal_routing_names_the_choices():
         tiny_config("mod", mod_causal_routing="oracle")
 
 
-def test_the_paper_variant_routes_every_other_block_at_one_eighth():
-    config = model_config("debug", "mod", 128, **MODEL_VARIANTS["mod_paper"])
-    model = AdaptiveDSForCausalLM(config)
-    assert [isinstance(layer, MixtureOfDepths) for layer in model.model.layers] == [False, True, False, True]
+@pytest.mark.parametrize(("overrides", "routed_blocks", "tokens"), [
+    ({}, [False, True, False, True], 32),  # mod's default: the paper's setting, 12.5% of 256 in every other block
+    (MODEL_VARIANTS["mod_paper"], [False, True, False, True], 32),
+    (MODEL_VARIANTS["mod_half"], [True] * 4, 128),  # the default before: half of 256 in every block
+], ids=["default", "mod_paper", "mod_half"])
+def test_the_debug_mod_model_routes_what_its_setting_says(overrides, routed_blocks, tokens):
+    model = AdaptiveDSForCausalLM(model_config("debug", "mod", 128, **overrides))
+    assert [isinstance(layer, MixtureOfDepths) for layer in model.model.layers] == routed_blocks
     seen = []
     for layer in mod_layers(model):
         layer.block.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
     model(input_ids=torch.randint(0, 128, (1, 256)))
-    assert seen == [32, 32]  # 12.5% of 256
+    assert seen == [tokens] * sum(routed_blocks)
 
 
 def test_flops_of_the_paper_variant_by_hand():
@@ -231,3 +235,17 @@ def test_a_saved_model_from_before_the_router_option_keeps_its_predictor(tmp_pat
     new = AdaptiveDSForCausalLM(tiny_config("mod"))
     new.save_pretrained(tmp_path / "new")
     assert AdaptiveDSForCausalLM.from_pretrained(tmp_path / "new").config.mod_causal_routing == "router"
+
+
+def test_a_saved_mod_model_without_the_capacity_fields_loads_as_capacity_half_in_every_block(tmp_path):
+    # mod's default until the paper's setting replaced it (presets.py ARCH_DEFAULTS); a config.json written
+    # without the two fields means that model
+    model = AdaptiveDSForCausalLM(tiny_config("mod", mod_capacity=0.5, mod_layer_interval=1)).eval()
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["mod_capacity"], config["mod_layer_interval"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = AdaptiveDSForCausalLM.from_pretrained(tmp_path).eval()
+    assert (loaded.config.mod_capacity, loaded.config.mod_layer_interval) == (0.5, 1) and len(mod_layers(loaded)) == 2
+    ids = torch.randint(2, 64, (2, 12))
+    torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)

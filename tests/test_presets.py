@@ -1,8 +1,16 @@
 import pytest
 import torch
 
-from adaptive_ds.models import ARCHITECTURES, AdaptiveDSForCausalLM
-from adaptive_ds.presets import PRESETS, block_parameters, main, model_config, pad_vocab, parameter_counts
+from adaptive_ds.models import ARCHITECTURES, AdaptiveDSConfig, AdaptiveDSForCausalLM
+from adaptive_ds.presets import (
+    MODEL_VARIANTS,
+    PRESETS,
+    block_parameters,
+    main,
+    model_config,
+    pad_vocab,
+    parameter_counts,
+)
 
 
 def test_vocab_is_padded_to_a_multiple_of_64():
@@ -14,8 +22,32 @@ def test_vocab_is_padded_to_a_multiple_of_64():
 def test_table_matches_the_issue():
     p = PRESETS["b1"]
     assert (p.hidden_size, p.num_hidden_layers, p.num_attention_heads, p.num_key_value_heads,
-            p.intermediate_size, p.seq_len, p.num_local_experts, p.num_experts_per_tok, p.mod_capacity) == (
-        2048, 22, 32, 4, 5632, 2048, 8, 2, 0.6)
+            p.intermediate_size, p.seq_len, p.num_local_experts, p.num_experts_per_tok) == (
+        2048, 22, 32, 4, 5632, 2048, 8, 2)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_mod_ships_with_the_papers_setting_and_hybrid_with_capacity_half_in_every_block(preset):
+    # Raposo et al. 2024, sec. 4.1: 12.5% capacity in every other block, the first block seeing every token.
+    mod = model_config(preset, "mod", 32000)
+    layers = mod.num_hidden_layers
+    assert (mod.mod_capacity, mod.mod_layer_interval) == (0.125, 2)
+    assert [i for i in range(layers) if mod.is_mod_layer(i)] == list(range(1, layers, 2))
+    hybrid = model_config(preset, "hybrid", 32000)
+    assert (hybrid.mod_capacity, hybrid.mod_layer_interval) == (0.5, 1)
+    assert all(hybrid.is_mod_layer(i) for i in range(layers))
+
+
+def test_explicit_overrides_win_over_the_architectures_defaults():
+    quarter = model_config("b1", "mod", 32000, mod_capacity=0.25)
+    assert (quarter.mod_capacity, quarter.mod_layer_interval) == (0.25, 2)
+    half = model_config("b1", "mod", 32000, **MODEL_VARIANTS["mod_half"])
+    assert (half.mod_capacity, half.mod_layer_interval) == (0.5, 1)
+    paper = model_config("debug", "hybrid", 128, **MODEL_VARIANTS["mod_paper"])
+    assert (paper.mod_capacity, paper.mod_layer_interval) == (0.125, 2)
+    # a config built directly keeps the fields' defaults: what a config without them has always meant
+    direct = AdaptiveDSConfig(arch="mod")
+    assert (direct.mod_capacity, direct.mod_layer_interval) == (0.5, 1)
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -61,3 +93,5 @@ def test_cli_prints_every_preset_and_arch(capsys):
     for preset in PRESETS:
         for arch in ARCHITECTURES:
             assert any(line.split()[:2] == [preset, arch] for line in out.splitlines())
+    assert 'mod         {"mod_capacity": 0.125, "mod_layer_interval": 2}' in out  # the architecture's default
+    assert 'mod_half    {"mod_capacity": 0.5, "mod_layer_interval": 1}' in out  # the variant restoring the old one

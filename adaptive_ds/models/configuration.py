@@ -29,6 +29,12 @@ class AdaptiveDSConfig(PreTrainedConfig):
     ``intermediate_size / moe_expert_granularity``, each token routed to ``num_experts_per_tok x
     moe_expert_granularity`` of them, plus ``moe_shared_experts`` always-on experts of the same width (DeepSeekMoE,
     Dai et al. 2024, arXiv 2401.06066): granularity 1 and no shared experts is the GShard / Mixtral layer.
+
+    The field defaults are what a config without the field has always meant, not what each architecture ships
+    with: ``mod_capacity`` 0.5 and ``mod_layer_interval`` 1 (every block) stay, so a config built directly and a
+    saved config.json or checkpoint identity that lacks these fields (``from_dict``) keep meaning the model they
+    described. The settings an architecture ships with (``mod``: 12.5% capacity in every other block, as measured
+    best) are ``adaptive_ds.presets.ARCH_DEFAULTS``, which ``model_config`` applies under explicit overrides.
     """
 
     model_type = "adaptive_ds"
@@ -77,7 +83,7 @@ class AdaptiveDSConfig(PreTrainedConfig):
     moe_bias_update_rate: float = 1e-3  # gamma: the bias step per optimizer step (with moe_balancing "bias")
     router_aux_loss_coef: float = 0.01
     router_z_loss_coef: float = 0.001
-    # Mixture of Depths (arch mod / hybrid).
+    # Mixture of Depths (arch mod / hybrid). What a config without them means, not what mod ships with (above).
     mod_capacity: float = 0.5
     mod_layer_interval: int = 1
     # How inference routes causally (mod.py): "router" (the router's own logit > 0, trained toward top-k

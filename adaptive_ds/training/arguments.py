@@ -73,8 +73,8 @@ class RunSettings:
     min_lr_ratio: float = setting(0.1, "the cosine decays to this fraction of the peak learning rate", at_least=0)
     log_steps: int = setting(10, "a metrics.jsonl record every N steps", at_least=1)
     eval_batches: int = setting(8, "held-out batches of each validation loss", at_least=1)
-    mod_capacity_warmup_steps: int = setting(0, "MoD capacity anneals linearly from 1.0 to the preset's over "
-                                                "these steps", at_least=0)
+    mod_capacity_warmup_steps: int = setting(0, "MoD capacity anneals linearly from 1.0 to the model's "
+                                                "mod_capacity over these steps", at_least=0)
     eval_steps: int = setting(0, "validation loss every N steps (0: only at the end)", at_least=0)
     save_steps: int = setting(0, "DeepSpeed checkpoint every N steps (0: only at the end)", at_least=0)
     keep_last: int = setting(2, "checkpoints kept", at_least=1)
@@ -97,7 +97,8 @@ class RunSettings:
                                                  "T4 on a larger GPU)", above=0)
     controller: dict = setting({}, "ControllerSettings fields (adaptive_ds/training/controller.py)")
     variant: str | None = setting(None, "a named model variant of adaptive_ds/presets.py (MODEL_VARIANTS), applied "
-                                        "before the model overrides", choices=tuple(MODEL_VARIANTS))
+                                        "over the architecture's defaults and under the model overrides; mod_half: "
+                                        "MoD capacity 0.5 in every block", choices=tuple(MODEL_VARIANTS))
     model: dict = setting({}, "overrides of AdaptiveDSConfig fields, e.g. {\"mod_capacity\": 0.25}")
 
 
