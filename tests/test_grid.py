@@ -1,6 +1,7 @@
 """The benchmark grid: variants x seeds, their statistics against hand-worked numbers, the tables from synthetic
 runs, and one real grid of one tiny run that a second invocation keeps untouched."""
 
+import hashlib
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from adaptive_ds.grid import (
     write_section,
 )
 from adaptive_ds.grid_tables import difference, markdown, plot, spread, verdict
+from adaptive_ds.presets import ARCH_DEFAULTS, model_config
 from adaptive_ds.training.arguments import parse
 
 TRAINED = {"commit": "abc1234", "machine": "test CPU", "date": "2026-11-30"}
@@ -201,6 +203,32 @@ def test_variants_are_named_or_a_name_with_json_overrides(tmp_path):
         assert settings.controller == VARIANTS[name].get("controller", {})
 
 
+@pytest.mark.parametrize(("name", "capacity", "interval"), [("mod", 0.125, 2), ("mod:paper", 0.125, 2),
+                                                           ("mod:half", 0.5, 1), ("hybrid", 0.5, 1)])
+def test_mod_variants_train_the_setting_they_name(tmp_path, name, capacity, interval):
+    # mod is the paper's setting (12.5% in every other block); mod:half the one mod had before
+    spec = GridSpec("debug", (parse_variant(name),), (1,), 4096, write_ds_config(tmp_path))
+    settings, _ = parse(spec.training_args(spec.variants[0], 1) + ["--output_dir", str(tmp_path / "run")], 1)
+    config = model_config(settings.preset, settings.arch, 128, **settings.model)  # as the training run builds it
+    assert (config.mod_capacity, config.mod_layer_interval) == (capacity, interval)
+
+
+def test_a_change_of_an_architectures_defaults_trains_its_runs_anew(tmp_path, monkeypatch):
+    config = write_ds_config(tmp_path)
+    names = ("dense", "mod", "mod:half", "hybrid")
+    spec = GridSpec("debug", tuple(map(parse_variant, names)), (1,), 4096, config)
+    before = {v.name: spec.run_dir("runs", v, 1) for v in spec.variants}
+    monkeypatch.setitem(ARCH_DEFAULTS, "mod", {"mod_capacity": 0.25, "mod_layer_interval": 2})
+    after = {v.name: spec.run_dir("runs", v, 1) for v in spec.variants}
+    # mod's runs are trained anew; mod:half overrides every default it could take, dense and hybrid are untouched
+    assert [after[n] == before[n] for n in names] == [True, False, True, True]
+    # an architecture without defaults keeps the key of before they existed (command line + ds_config text), so
+    # its finished runs are still kept
+    with open(config, "rb") as f:
+        old_key = json.dumps(spec.training_args(spec.variants[0], 1)).encode() + f.read()
+    assert before["dense"].endswith("-" + hashlib.sha256(old_key).hexdigest()[:10])
+
+
 def test_the_command_refuses_bad_variants_seeds_configs_and_presets(tmp_path, capsys):
     config = write_ds_config(tmp_path)
     with pytest.raises(SystemExit, match=r"unknown variant 'moe:bogus'; valid: dense, moe, mod, hybrid, moe:dropless"):
@@ -248,7 +276,8 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
     # the run warmed up over 5 steps (the config says 1): the first step's learning rate is below the peak 3e-3
     assert first["step"] == 1 and first["lr"] < 0.5 * 3e-3 and "--warmup_steps 5" in report["command"]
     assert row["tokens"] == 4096 and not row["kept"] and row["validation_loss_se"] > 0
-    assert row["skip_rate"] == pytest.approx(0.5) and row["flops_reduction"] > 0.4 and row["load_balance"] is None
+    # mod is the paper's setting: 32 of 256 tokens run each routed block
+    assert row["skip_rate"] == pytest.approx(0.875) and row["flops_reduction"] > 0.4 and row["load_balance"] is None
     assert row["topk_routing_loss"] is not None and row["loss_minus_floor"] > 0 and report["entropy_floor"] > 1
     assert sum(row["time_breakdown_s"].values()) == pytest.approx(row["wall_time_s"])
     assert 0.1 < row["peak_memory_gib"] < 8 and row["mfu"] is None and row["achieved_tflops"] > 0
