@@ -88,6 +88,8 @@ VARIANTS: dict[str, dict] = {
     # causal routing by the detached predictor MLP (the default before router-logit routing)
     "mod:predictor": {"arch": "mod", "model": {"mod_causal_routing": "predictor"}},
     "hybrid:predictor": {"arch": "hybrid", "model": {"mod_causal_routing": "predictor"}},
+    # the MoD routing of `mod` (the paper's setting) around MoE blocks
+    "hybrid:paper": {"arch": "hybrid", "model": MODEL_VARIANTS["mod_paper"]},
 }
 
 
