@@ -134,10 +134,12 @@ def test_z_loss_and_jitter_and_residual():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experts", ["always", "never"])
-def test_two_process_expert_parallel_equals_one_process(experts):
+def test_two_process_expert_parallel_equals_one_process():
+    """Both expert paths, and fine-grained + shared + bias-balanced experts (test_moe_options.py), in one launch."""
     from conftest import run_command
 
-    result = run_command(["torchrun", "--nproc_per_node", "2", "tests/helpers/moe_expert_parallel.py", experts])
+    cases = ["always", "never", "never+fine"]
+    result = run_command(["torchrun", "--nproc_per_node", "2", "tests/helpers/moe_expert_parallel.py", *cases])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert result.stdout.count("loss and gradients match the one-process run") == 2
+    for case in cases:
+        assert result.stdout.count(f", {case}: loss and gradients match the one-process run") == 2, case

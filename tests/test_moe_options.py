@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_command, tiny_config, write_ds_config
+from conftest import tiny_config, write_ds_config
 from transformers import AutoModelForCausalLM
 
 from adaptive_ds.export import mixtral_incompatibility, to_mixtral
@@ -318,13 +318,6 @@ def test_fine_grained_shared_bias_run_trains_checkpoints_and_resumes_with_its_bi
     summary, resumed = run(4)
     assert summary["resumed_from_step"] == 3
     assert torch.equal(resumed.tally[4], tally)  # the bias came back with the checkpoint
-
-
-@pytest.mark.slow
-def test_two_process_expert_parallel_with_fine_grained_shared_and_biased_experts():
-    result = run_command(["torchrun", "--nproc_per_node", "2", "tests/helpers/moe_expert_parallel.py", "never", "fine"])
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert result.stdout.count("loss and gradients match the one-process run") == 2
 
 
 def test_with_bias_balancing_the_controller_reports_dead_experts_but_moves_no_aux_coefficient(tmp_path):

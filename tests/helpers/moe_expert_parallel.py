@@ -1,5 +1,7 @@
-"""Run under `torchrun --nproc_per_node 2`: an ep_size-2 MoE model on half the batch per rank must give the
-loss and gradients of the same model (ep_size 1) on the whole batch in one process.
+"""Run under `torchrun --nproc_per_node 2 tests/helpers/moe_expert_parallel.py CASE...`, each CASE a
+`moe_grouped_gemm` mode ("always" or "never"), optionally followed by "+fine": an ep_size-2 MoE model on half
+the batch per rank must give the loss and gradients of the same model (ep_size 1) on the whole batch in one
+process.
 
 Gradient convention checked: non-expert gradients are averaged over data-parallel ranks; an expert's gradient
 (it lives on one rank, fed by both ranks' tokens through the all-to-all) is divided by the world size, which is
@@ -7,7 +9,7 @@ what DeepSpeed's engine applies to expert parameters when the expert-data-parall
 The routing losses are switched off: like DeepSpeed's, they are computed on each rank's own tokens, so with
 them the two runs differ by design (a mean of per-rank products is not the product of global means).
 
-A second argument "fine" runs fine-grained experts (granularity 2, top-4 of 8), a shared expert and bias
+"+fine" runs fine-grained experts (granularity 2, top-4 of 8), a shared expert and bias
 balancing with a nonzero bias; then the routing-bias update, all-reduced over the ranks, must also equal the
 update the one-process run's loads give.
 """
@@ -24,22 +26,27 @@ from adaptive_ds.models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
 
 
-FINE = sys.argv[2:] == ["fine"]
-
-
-def config(ep_size: int) -> AdaptiveDSConfig:
-    options = dict(moe_expert_granularity=2, moe_shared_experts=1, moe_balancing="bias") if FINE else {}
+def config(ep_size: int, grouped: str, fine: bool) -> AdaptiveDSConfig:
+    options = dict(moe_expert_granularity=2, moe_shared_experts=1, moe_balancing="bias") if fine else {}
     return AdaptiveDSConfig(arch="moe", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                             moe_drop_tokens=False, moe_ep_size=ep_size, router_aux_loss_coef=0.0,
-                            router_z_loss_coef=0.0, moe_grouped_gemm=sys.argv[1], **options)
+                            router_z_loss_coef=0.0, moe_grouped_gemm=grouped, **options)
 
 
 def main() -> None:
+    """Every case in one launch: a process start-up costs more than the check itself."""
     init_distributed()
+    for case in sys.argv[1:]:
+        grouped, _, fine = case.partition("+")
+        check(case, grouped, fine == "fine")
+    dist.destroy_process_group()
+
+
+def check(case: str, grouped: str, fine: bool) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    reference = AdaptiveDSForCausalLM(config(1))
+    reference = AdaptiveDSForCausalLM(config(1, grouped, fine))
     biases = [name for name, _ in reference.named_buffers() if name.endswith("routing_bias_steps")]
     for name in biases:  # a bias of up to +-0.05 on the gate probabilities
         reference.get_buffer(name).copy_(torch.randint(-50, 50, reference.get_buffer(name).shape))
@@ -48,7 +55,7 @@ def main() -> None:
     ref_out.loss.backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters()}
 
-    model = AdaptiveDSForCausalLM(config(world))
+    model = AdaptiveDSForCausalLM(config(world, grouped, fine))
     for module in model.modules():
         if hasattr(module, "set_deepspeed_parallelism"):
             module.set_deepspeed_parallelism()
@@ -84,9 +91,8 @@ def main() -> None:
         for name, load in zip(biases, ref_out.expert_counts, strict=True):
             expected = reference.get_buffer(name) + torch.sign(load.float().mean() - load.float()).long()
             assert torch.equal(model.get_buffer(name), expected), name
-    print(f"rank {rank}: loss and gradients match the one-process run", flush=True)
+    print(f"rank {rank}, {case}: loss and gradients match the one-process run", flush=True)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
