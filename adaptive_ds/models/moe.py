@@ -177,6 +177,78 @@ def use_grouped_mm(x: torch.Tensor, mode: str) -> bool:
     return hopper_bf16 or (x.device.type == "cpu" and x.dtype == torch.float32)
 
 
+class _StackedView(torch.autograd.Function):
+    """The (experts, out, in) view of equally shaped expert weights that lie `stride` elements apart in one storage:
+    no copy. Backward hands each expert the gradient of its own slice, as `torch.stack`'s backward would."""
+
+    @staticmethod
+    def forward(ctx, stride: int, *weights):
+        first = weights[0]
+        return first.as_strided((len(weights), *first.shape), (stride, *first.stride()), first.storage_offset())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, *grad.unbind(0)
+
+
+def regular_stride(weights: Sequence[torch.Tensor]) -> int | None:
+    """Elements from one expert's weight to the next's when all lie in one storage at one stride, each contiguous
+    and equally shaped, the stride 16-byte aligned as `torch._grouped_mm` needs on GPU; else None.
+
+    Host-only (pointers and offsets, no device work), so it costs microseconds per forward.
+    """
+    first = weights[0]
+    stride = weights[1].storage_offset() - first.storage_offset() if len(weights) > 1 else first.numel()
+    if first.data_ptr() % 16 or (len(weights) > 1 and (stride < first.numel() or stride * first.element_size() % 16)):
+        return None  # misaligned, overlapping or reversed
+    storage = first.untyped_storage().data_ptr()
+    for e, w in enumerate(weights):
+        if (w.shape != first.shape or w.dtype != first.dtype or not w.is_contiguous()
+                or w.untyped_storage().data_ptr() != storage
+                or w.storage_offset() != first.storage_offset() + e * stride):
+            return None
+    return stride
+
+
+def _owns_its_storage(w: torch.Tensor) -> bool:
+    """Whether `w` is alone in its storage: nothing else (an optimizer's flat buffer) can be reading it there.
+    ZeRO-3's partitioned parameters (marked `ds_id`) are excluded: it swaps their storage in and out."""
+    return (not hasattr(w, "ds_id") and w.storage_offset() == 0 and w.is_contiguous()
+            and w.untyped_storage().nbytes() == w.numel() * w.element_size())
+
+
+@torch.no_grad()
+def _pack(weights: Sequence[nn.Parameter]) -> None:
+    """Move the weights into one (experts, out, in) buffer and re-point each Parameter's `.data` at its slice. The
+    Parameter objects stay, so an optimizer holding them (torch's, DeepSpeed's unflattened ones) updates the
+    buffer in place."""
+    buffer = torch.stack([w.detach() for w in weights])
+    for w, slot in zip(weights, buffer, strict=True):
+        w.data = slot
+
+
+def stacked_weights(weights: Sequence[nn.Parameter]) -> torch.Tensor:
+    """The experts' (out, in) weights of one projection as one (experts, out, in) tensor for the grouped GEMM.
+
+    A view, no copy, when they lie at a regular stride in one storage: DeepSpeed's ZeRO-1/2, bf16 and fp16
+    optimizers flatten each param group into one buffer in parameter order, so a layer's experts' weights sit
+    a fixed distance apart there. Weights that each own their storage (a plain module, after `.to()` or
+    `from_pretrained`) are packed once into such a buffer, then viewed. Weights in some other buffer at irregular
+    offsets (a DeepSpeed param group boundary between a layer's experts, `round_robin_gradients`) are copied by
+    `torch.stack` on every call: re-pointing them would detach them from the buffer their optimizer updates.
+    Under torch.compile the stack is traced as before (pointer checks are not traceable).
+    """
+    if torch.compiler.is_compiling():
+        return torch.stack(list(weights))
+    stride = regular_stride(weights)
+    if stride is None and all(_owns_its_storage(w) for w in weights):
+        _pack(weights)
+        stride = regular_stride(weights)
+    if stride is None:
+        return torch.stack(list(weights))
+    return _StackedView.apply(stride, *weights)
+
+
 class MoEFeedForward(nn.Module):
     """Top-k routed SwiGLU experts in a `deepspeed.moe.layer.MoE`, dispatched by index (see the module doc), plus
     the shared experts when configured."""
@@ -310,7 +382,7 @@ class MoEFeedForward(nn.Module):
             offsets = torch.cumsum(counts, 0).to(torch.int32)
 
             def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
-                return torch.stack([getattr(e, name).weight for e in experts]).transpose(-2, -1)
+                return stacked_weights([getattr(e, name).weight for e in experts]).transpose(-2, -1)
 
             gate = torch._grouped_mm(x, stacked("gate_proj"), offs=offsets)
             up = torch._grouped_mm(x, stacked("up_proj"), offs=offsets)
