@@ -6,7 +6,9 @@ expert-parallel process group. What we replace is the dispatch. DeepSpeed's stoc
 a (experts, capacity, hidden) buffer padded to capacity; `dispatch="indexed"` (the default) instead sorts the
 token-expert assignments by expert, sends exactly those rows across the expert-parallel group with one
 variable-size all-to-all, and runs each projection of all local experts as one grouped GEMM
-(`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice.
+(`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice. The experts
+stay DeepSpeed's per-expert modules; the grouped GEMM reads their weights through an (experts, out, in) view of the
+buffer they lie in, not a copy per forward (`stacked_weights`).
 `dispatch="deepspeed"` runs DeepSpeed's stock layer in training, kept as the baseline.
 
 Routing semantics follow DeepSpeed's `top1gating` / `top2gating` (GShard, Lepikhin et al. 2020): softmax
@@ -165,7 +167,7 @@ def use_grouped_mm(x: torch.Tensor, mode: str) -> bool:
     """Whether to run the experts as one `torch._grouped_mm` per projection.
 
     "auto": on Hopper-class GPUs (compute capability 9.0+) in bfloat16, where it is the fast path; on CPU a
-    matmul per expert is as fast (measured on the debug preset) and needs no weight stacking.
+    matmul per expert is as fast (measured on the debug preset) and needs no stacked weights.
     "always": wherever torch runs it (also float32 on CPU, which the tests use to check the GPU path's math).
     "never": a matmul per expert.
     """
@@ -211,8 +213,8 @@ def regular_stride(weights: Sequence[torch.Tensor]) -> int | None:
 
 
 def _owns_its_storage(w: torch.Tensor) -> bool:
-    """Whether `w` is alone in its storage: nothing else (an optimizer's flat buffer) can be reading it there.
-    ZeRO-3's partitioned parameters (marked `ds_id`) are excluded: it swaps their storage in and out."""
+    """Whether `w` is alone in its storage, so in no optimizer's flat buffer: moving it cuts nothing off. ZeRO-3's
+    partitioned parameters (marked `ds_id`; MoE runs refuse ZeRO-3) are never moved: it swaps their storage."""
     return (not hasattr(w, "ds_id") and w.storage_offset() == 0 and w.is_contiguous()
             and w.untyped_storage().nbytes() == w.numel() * w.element_size())
 
@@ -231,12 +233,16 @@ def stacked_weights(weights: Sequence[nn.Parameter]) -> torch.Tensor:
     """The experts' (out, in) weights of one projection as one (experts, out, in) tensor for the grouped GEMM.
 
     A view, no copy, when they lie at a regular stride in one storage: DeepSpeed's ZeRO-1/2, bf16 and fp16
-    optimizers flatten each param group into one buffer in parameter order, so a layer's experts' weights sit
-    a fixed distance apart there. Weights that each own their storage (a plain module, after `.to()` or
-    `from_pretrained`) are packed once into such a buffer, then viewed. Weights in some other buffer at irregular
-    offsets (a DeepSpeed param group boundary between a layer's experts, `round_robin_gradients`) are copied by
-    `torch.stack` on every call: re-pointing them would detach them from the buffer their optimizer updates.
-    Under torch.compile the stack is traced as before (pointer checks are not traceable).
+    optimizers flatten each param group into one buffer in parameter order (and point the parameters back into it
+    after every step), so a layer's experts' weights sit a fixed distance apart there. Weights that each own their
+    storage are packed once into such a buffer, then viewed: a plain module, a model after `.to()` or
+    `from_pretrained`, and the engine modes that keep parameters apart and update them in place (without ZeRO:
+    fp32's torch optimizer, DeepSpeed's unfused fp16 / bf16 optimizer). Weights in another buffer at irregular
+    offsets (a DeepSpeed MoE param group ending inside a layer's experts, `round_robin_gradients`) are copied by
+    `torch.stack` on every call: re-pointing them would cut them off from the buffer their optimizer updates.
+    Nothing is cached: the layout is checked on each call (host-only), so any later re-pointing of the parameters
+    (DeepSpeed's flattening, `.to()`) is followed. Under torch.compile the stack is traced as before (pointer
+    checks are not traceable).
     """
     if torch.compiler.is_compiling():
         return torch.stack(list(weights))
