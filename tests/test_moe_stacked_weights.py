@@ -197,3 +197,36 @@ def test_under_deepspeeds_engine_the_experts_are_viewed_where_it_keeps_them_and_
     assert viewed
     assert grouped == pytest.approx(per_expert, rel=1e-5)
     assert grouped[0] != grouped[-1]
+
+
+@pytest.mark.slow
+def test_a_packed_engine_writes_deepspeeds_per_expert_files_and_resumes_from_them(tmp_path):
+    distributed.init_distributed()
+    config = json.loads(Path(write_ds_config(tmp_path, zero_stage=0)).read_text())
+    del config["adaptive_ds"]
+    engines = []
+    for _ in range(2):
+        model = AdaptiveDSForCausalLM(tiny_config("moe", moe_grouped_gemm="always"))
+        engines.append(deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1),
+                                            config=config)[0])
+    trained, resumed = engines
+    ids = torch.randint(2, 64, (2, 16))
+    for _ in range(2):  # the first forward packs the experts' weights
+        trained.backward(trained(input_ids=ids, labels=ids).loss)
+        trained.step()
+    trained.save_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    files = sorted(p.name for p in (tmp_path / "ckpt" / "t").glob("layer_*_expert_*_mp_rank_00_model_states.pt"))
+    assert len(files) == 2 * 4  # one file per layer and global expert
+    expert = torch.load(tmp_path / "ckpt" / "t" / files[0], weights_only=False)
+    assert all(k.split("deepspeed_experts.")[1].startswith("0.") for k in expert)
+    assert sum(v.untyped_storage().nbytes() for v in expert.values()) == sum(v.nbytes for v in expert.values())
+    resumed.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    for a, b in zip(trained.module.state_dict().values(), resumed.module.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    losses = []
+    for engine in engines:  # the optimizer state resumed too: the next step is the same
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(engine(input_ids=ids, labels=ids).loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
