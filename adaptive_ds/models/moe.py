@@ -6,7 +6,9 @@ expert-parallel process group. What we replace is the dispatch. DeepSpeed's stoc
 a (experts, capacity, hidden) buffer padded to capacity; `dispatch="indexed"` (the default) instead sorts the
 token-expert assignments by expert, sends exactly those rows across the expert-parallel group with one
 variable-size all-to-all, and runs each projection of all local experts as one grouped GEMM
-(`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice.
+(`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice. The experts
+stay DeepSpeed's per-expert modules; the grouped GEMM reads their weights through an (experts, out, in) view of the
+buffer they lie in, not a copy per forward (`stacked_weights`).
 `dispatch="deepspeed"` runs DeepSpeed's stock layer in training, kept as the baseline.
 
 Routing semantics follow DeepSpeed's `top1gating` / `top2gating` (GShard, Lepikhin et al. 2020): softmax
@@ -165,7 +167,7 @@ def use_grouped_mm(x: torch.Tensor, mode: str) -> bool:
     """Whether to run the experts as one `torch._grouped_mm` per projection.
 
     "auto": on Hopper-class GPUs (compute capability 9.0+) in bfloat16, where it is the fast path; on CPU a
-    matmul per expert is as fast (measured on the debug preset) and needs no weight stacking.
+    matmul per expert is as fast (measured on the debug preset) and needs no stacked weights.
     "always": wherever torch runs it (also float32 on CPU, which the tests use to check the GPU path's math).
     "never": a matmul per expert.
     """
@@ -175,6 +177,82 @@ def use_grouped_mm(x: torch.Tensor, mode: str) -> bool:
     if mode == "auto":
         return hopper_bf16
     return hopper_bf16 or (x.device.type == "cpu" and x.dtype == torch.float32)
+
+
+class _StackedView(torch.autograd.Function):
+    """The (experts, out, in) view of equally shaped expert weights that lie `stride` elements apart in one storage:
+    no copy. Backward hands each expert the gradient of its own slice, as `torch.stack`'s backward would."""
+
+    @staticmethod
+    def forward(ctx, stride: int, *weights):
+        first = weights[0]
+        return first.as_strided((len(weights), *first.shape), (stride, *first.stride()), first.storage_offset())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, *grad.unbind(0)
+
+
+def regular_stride(weights: Sequence[torch.Tensor]) -> int | None:
+    """Elements from one expert's weight to the next's when all lie in one storage at one stride, each contiguous
+    and equally shaped, the stride 16-byte aligned as `torch._grouped_mm` needs on GPU; else None.
+
+    Host-only (pointers and offsets, no device work), so it costs microseconds per forward.
+    """
+    first = weights[0]
+    stride = weights[1].storage_offset() - first.storage_offset() if len(weights) > 1 else first.numel()
+    if first.data_ptr() % 16 or (len(weights) > 1 and (stride < first.numel() or stride * first.element_size() % 16)):
+        return None  # misaligned, overlapping or reversed
+    storage = first.untyped_storage().data_ptr()
+    for e, w in enumerate(weights):
+        if (w.shape != first.shape or w.dtype != first.dtype or not w.is_contiguous()
+                or w.untyped_storage().data_ptr() != storage
+                or w.storage_offset() != first.storage_offset() + e * stride):
+            return None
+    return stride
+
+
+def _owns_its_storage(w: torch.Tensor) -> bool:
+    """Whether `w` is alone in its storage, so in no optimizer's flat buffer: moving it cuts nothing off. ZeRO-3's
+    partitioned parameters (marked `ds_id`; MoE runs refuse ZeRO-3) are never moved: it swaps their storage."""
+    return (not hasattr(w, "ds_id") and w.storage_offset() == 0 and w.is_contiguous()
+            and w.untyped_storage().nbytes() == w.numel() * w.element_size())
+
+
+@torch.no_grad()
+def _pack(weights: Sequence[nn.Parameter]) -> None:
+    """Move the weights into one (experts, out, in) buffer and re-point each Parameter's `.data` at its slice. The
+    Parameter objects stay, so an optimizer holding them (torch's, DeepSpeed's unflattened ones) updates the
+    buffer in place."""
+    buffer = torch.stack([w.detach() for w in weights])
+    for w, slot in zip(weights, buffer, strict=True):
+        w.data = slot
+
+
+def stacked_weights(weights: Sequence[nn.Parameter]) -> torch.Tensor:
+    """The experts' (out, in) weights of one projection as one (experts, out, in) tensor for the grouped GEMM.
+
+    A view, no copy, when they lie at a regular stride in one storage: DeepSpeed's ZeRO-1/2, bf16 and fp16
+    optimizers flatten each param group into one buffer in parameter order (and point the parameters back into it
+    after every step), so a layer's experts' weights sit a fixed distance apart there. Weights that each own their
+    storage are packed once into such a buffer, then viewed: a plain module, a model after `.to()` or
+    `from_pretrained`, and the engine modes that keep parameters apart and update them in place (without ZeRO:
+    fp32's torch optimizer, DeepSpeed's unfused fp16 / bf16 optimizer). Weights in another buffer at irregular
+    offsets (a DeepSpeed MoE param group ending inside a layer's experts, `round_robin_gradients`) are copied by
+    `torch.stack` on every call: re-pointing them would cut them off from the buffer their optimizer updates.
+    Nothing is cached: the layout is checked on each call (host-only), so any later re-pointing of the parameters
+    (DeepSpeed's flattening, `.to()`) is followed. Under torch.compile the stack is traced as before (pointer
+    checks are not traceable).
+    """
+    if torch.compiler.is_compiling():
+        return torch.stack(list(weights))
+    stride = regular_stride(weights)
+    if stride is None and all(_owns_its_storage(w) for w in weights):
+        _pack(weights)
+        stride = regular_stride(weights)
+    if stride is None:
+        return torch.stack(list(weights))
+    return _StackedView.apply(stride, *weights)
 
 
 class MoEFeedForward(nn.Module):
@@ -310,7 +388,7 @@ class MoEFeedForward(nn.Module):
             offsets = torch.cumsum(counts, 0).to(torch.int32)
 
             def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
-                return torch.stack([getattr(e, name).weight for e in experts]).transpose(-2, -1)
+                return stacked_weights([getattr(e, name).weight for e in experts]).transpose(-2, -1)
 
             gate = torch._grouped_mm(x, stacked("gate_proj"), offs=offsets)
             up = torch._grouped_mm(x, stacked("up_proj"), offs=offsets)
