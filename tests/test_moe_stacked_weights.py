@@ -230,3 +230,27 @@ def test_a_packed_engine_writes_deepspeeds_per_expert_files_and_resumes_from_the
         engine.step()
         losses.append(engine(input_ids=ids, labels=ids).loss.item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+@pytest.mark.parametrize("layers_per_cap", [2.5, 0.5])
+def test_moe_param_groups_hold_whole_layers_so_zero_keeps_each_layers_experts_at_one_stride(tmp_path, layers_per_cap):
+    """DeepSpeed's own cap on an MoE param group cuts a layer's experts wherever it falls, and ZeRO's flat buffers
+    then leave the cut layer's weights at two strides (a copy on every forward); `parameter_groups` closes groups
+    at layer boundaries instead, unless one layer's experts alone exceed the cap (DeepSpeed's cut is kept)."""
+    distributed.init_distributed()
+    model = AdaptiveDSForCausalLM(tiny_config("moe", num_hidden_layers=4, moe_grouped_gemm="always"))
+    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    per_layer = sum(p.numel() for p in _experts(layers[0]).parameters())
+    cap = int(per_layer * layers_per_cap)
+    config = json.loads(Path(write_ds_config(tmp_path, zero_stage=1)).read_text())
+    del config["adaptive_ds"]
+    groups = parameter_groups(model, 0.1, moe_group_cap=cap)
+    moe_groups = [sum(p.numel() for p in g["params"]) for g in groups if g.get("moe")]
+    if layers_per_cap > 1:  # 2 layers a group (DeepSpeed's cut at 2.5 layers would split the third)
+        assert moe_groups == [2 * per_layer, 2 * per_layer]
+    else:  # a layer is larger than the cap: DeepSpeed's own split, at most the cap each
+        assert max(moe_groups) <= cap and sum(moe_groups) == 4 * per_layer
+    deepspeed.initialize(model=model, model_parameters=groups, config=config)
+    viewed = [stacked_weights(w).data_ptr() == w[0].data_ptr()
+              for layer in layers for w in (_weights(layer, name) for name in PROJECTIONS)]
+    assert all(viewed) if layers_per_cap > 1 else not all(viewed)

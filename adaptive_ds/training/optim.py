@@ -8,12 +8,19 @@ from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optim
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from ..models.moe import MoEFeedForward
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+# split_params_into_different_moe_groups_for_optimizer's default cap on an MoE param group, in elements
+DEEPSPEED_MOE_GROUP_CAP = 178_956_971
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, moe_group_cap: int = DEEPSPEED_MOE_GROUP_CAP,
+                     ) -> list[dict]:
     """Decay for matrices; none for norms and biases (1-D parameters); MoE experts in DeepSpeed's MoE groups.
 
     DeepSpeed's ZeRO optimizer reduces expert gradients over the expert-data-parallel group only if the
     experts sit in param groups marked `moe` (made by `split_params_into_different_moe_groups_for_optimizer`).
+    Those groups hold whole MoE layers (see `moe_group_size`).
     """
     decay, no_decay = [], []
     for name, param in model.named_parameters():
@@ -23,8 +30,24 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         {"name": "decay", "params": decay, "weight_decay": weight_decay},
         {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},
     ]
-    groups = split_params_into_different_moe_groups_for_optimizer(groups)
+    groups = split_params_into_different_moe_groups_for_optimizer(groups, moe_group_size(model, moe_group_cap))
     return [g for g in groups if g["params"]]
+
+
+def moe_group_size(model: nn.Module, cap: int = DEEPSPEED_MOE_GROUP_CAP) -> int:
+    """The most expert-parameter elements per optimizer param group: a whole number of MoE layers under `cap`.
+
+    ZeRO flattens each param group into one buffer, so the experts of a layer that no group boundary cuts lie at
+    one stride there, and the grouped GEMM reads them as a view instead of stacking a copy on every forward
+    (models/moe.py, `stacked_weights`). DeepSpeed's own cap cuts layers wherever it falls (4 of debug_200m's 12,
+    all of b1's at `moe_ep_size` 1). A layer's local experts larger than `cap` keep DeepSpeed's cut (and the copy)
+    rather than a group past the cap DeepSpeed chose.
+    """
+    per_layer = max((sum(p.numel() for p in m.moe.deepspeed_moe.experts.parameters())
+                     for m in model.modules() if isinstance(m, MoEFeedForward)), default=0)
+    if per_layer == 0 or per_layer > cap:
+        return cap
+    return per_layer * (cap // per_layer)
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
