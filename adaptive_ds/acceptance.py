@@ -20,8 +20,9 @@ Each stage runs in its own process, so an out-of-memory or a crash in one does n
 figures go to one JSON file and to BENCHMARKS.md sections that carry the date, GPU, commit and command.
 
 Without CUDA the same command runs every stage at tiny sizes on CPU (debug preset, fp32, no offload, the GPU tests
-only collected, four benchmark cases, compiled with dynamo's eager backend) and writes no BENCHMARKS.md section
-unless asked: a check that the command still works, not a measurement. tests/test_acceptance.py runs it.
+only collected, four benchmark cases, compiled with dynamo's eager backend), all in this one process, and writes no
+BENCHMARKS.md section unless asked: a check that the command still works, not a measurement.
+tests/test_acceptance.py runs it; a stage in its own process (`--stage`, what a CUDA machine runs) has its own test.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
     """The training command on b1_t4.json under a 15 GiB cap; peak memory beside the planner's."""
     from .data.tokenizer import embedded_tokenizer
     from .plan import plan_ds_config
-    from .training.__main__ import main as train
+    from .training import train
 
     config = _ds_config("b1_t4.json", dry)
     preset, steps = ("debug", 3) if dry else ("b1", 30)
@@ -175,8 +176,19 @@ def stage_b7(dry: bool, workdir: Path) -> dict:
             "ok": all(loss == loss for loss in losses)}
 
 
+def _stage_function(name: str):
+    return {"gpu_tests": stage_gpu_tests, "b1_t4": stage_b1_t4, "benchmark": stage_benchmark, "b7": stage_b7}[name]
+
+
 def _run_stage(name: str, dry: bool, workdir: Path, micro_batch: int) -> dict:
-    """One stage in its own process (figures come back as JSON); a crash or timeout is reported, not raised."""
+    """One stage; a crash or timeout is reported, not raised.
+
+    On a CUDA machine each stage runs in its own process (figures come back as JSON): a fresh allocator for each
+    peak, a crash or hang contained. Without CUDA, a dry run's stages run in this process, one after another:
+    there they measure nothing, and four interpreter start-ups would be most of the dry run's time.
+    """
+    if dry and not torch.cuda.is_available():
+        return _run_stage_here(name, workdir, micro_batch)
     out = workdir / f"{name}.json"
     command = [sys.executable, "-m", "adaptive_ds.acceptance", "--stage", name, "--stage_out", str(out),
                "--workdir", str(workdir), "--micro_batch", str(micro_batch)] + (["--dry_run"] if dry else [])
@@ -191,6 +203,17 @@ def _run_stage(name: str, dry: bool, workdir: Path, micro_batch: int) -> dict:
     result = json.loads(out.read_text()) if out.exists() else {"ok": False}
     if error:
         result.update(ok=False, error=result.get("error", error))
+    return {**result, "seconds": time.perf_counter() - start}
+
+
+def _run_stage_here(name: str, workdir: Path, micro_batch: int) -> dict:
+    start = time.perf_counter()
+    kwargs = {"micro_batch": micro_batch} if name == "benchmark" else {}
+    try:
+        result = json.loads(json.dumps(_stage_function(name)(True, workdir, **kwargs), default=str))
+    except (Exception, SystemExit) as error:  # the training CLI exits with its one line
+        logger.exception("stage %s failed", name)
+        result = {"ok": False, "error": f"{type(error).__name__}: {error}"}
     return {**result, "seconds": time.perf_counter() - start}
 
 
@@ -273,9 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage:
         if dry:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a forced dry run stays on the CPU
-        functions = {"gpu_tests": stage_gpu_tests, "b1_t4": stage_b1_t4, "benchmark": stage_benchmark, "b7": stage_b7}
         kwargs = {"micro_batch": args.micro_batch} if args.stage == "benchmark" else {}
-        result = functions[args.stage](dry, Path(args.workdir), **kwargs)
+        result = _stage_function(args.stage)(dry, Path(args.workdir), **kwargs)
         Path(args.stage_out).write_text(json.dumps(result, indent=2, default=str))
         return
     if dry:

@@ -31,3 +31,17 @@ def test_the_acceptance_command_dry_runs_every_stage_on_cpu(tmp_path):
     text = md.read_text()
     assert "<!-- acceptance:dry -->" in text and "dry run on CPU" in text and report["commit"] in text
     assert "<!-- throughput:debug:cpu -->" in text
+
+
+@pytest.mark.slow
+def test_on_a_cuda_machine_a_stage_runs_in_its_own_process_and_reports_back(tmp_path, monkeypatch):
+    """The path a GPU run takes (a dry run without CUDA runs its stages in one process): here the cheapest stage,
+    b7's dry run, through `--stage` in a child process that sees no CUDA."""
+    import torch
+
+    from adaptive_ds import acceptance
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    result = acceptance._run_stage("b7", True, tmp_path, micro_batch=2)
+    assert result["ok"], result.get("error")
+    assert len(result["losses"]) == 2 and result["seconds"] > 0 and (tmp_path / "b7.json").exists()

@@ -204,7 +204,8 @@ def test_variants_are_named_or_a_name_with_json_overrides(tmp_path):
 
 
 @pytest.mark.parametrize(("name", "capacity", "interval"), [("mod", 0.125, 2), ("mod:paper", 0.125, 2),
-                                                           ("mod:half", 0.5, 1), ("hybrid", 0.5, 1)])
+                                                           ("mod:half", 0.5, 1), ("hybrid", 0.125, 2),
+                                                           ("hybrid:paper", 0.125, 2), ("hybrid:half", 0.5, 1)])
 def test_mod_variants_train_the_setting_they_name(tmp_path, name, capacity, interval):
     # mod is the paper's setting (12.5% in every other block); mod:half the one mod had before
     spec = GridSpec("debug", (parse_variant(name),), (1,), 4096, write_ds_config(tmp_path))

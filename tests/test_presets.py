@@ -27,15 +27,13 @@ def test_table_matches_the_issue():
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_mod_ships_with_the_papers_setting_and_hybrid_with_capacity_half_in_every_block(preset):
+def test_mod_and_hybrid_ship_with_the_papers_setting(preset):
     # Raposo et al. 2024, sec. 4.1: 12.5% capacity in every other block, the first block seeing every token.
-    mod = model_config(preset, "mod", 32000)
-    layers = mod.num_hidden_layers
-    assert (mod.mod_capacity, mod.mod_layer_interval) == (0.125, 2)
-    assert [i for i in range(layers) if mod.is_mod_layer(i)] == list(range(1, layers, 2))
-    hybrid = model_config(preset, "hybrid", 32000)
-    assert (hybrid.mod_capacity, hybrid.mod_layer_interval) == (0.5, 1)
-    assert all(hybrid.is_mod_layer(i) for i in range(layers))
+    for arch in ("mod", "hybrid"):
+        config = model_config(preset, arch, 32000)
+        layers = config.num_hidden_layers
+        assert (config.mod_capacity, config.mod_layer_interval) == (0.125, 2)
+        assert [i for i in range(layers) if config.is_mod_layer(i)] == list(range(1, layers, 2))
 
 
 def test_explicit_overrides_win_over_the_architectures_defaults():
@@ -43,8 +41,8 @@ def test_explicit_overrides_win_over_the_architectures_defaults():
     assert (quarter.mod_capacity, quarter.mod_layer_interval) == (0.25, 2)
     half = model_config("b1", "mod", 32000, **MODEL_VARIANTS["mod_half"])
     assert (half.mod_capacity, half.mod_layer_interval) == (0.5, 1)
-    paper = model_config("debug", "hybrid", 128, **MODEL_VARIANTS["mod_paper"])
-    assert (paper.mod_capacity, paper.mod_layer_interval) == (0.125, 2)
+    half = model_config("debug", "hybrid", 128, **MODEL_VARIANTS["mod_half"])
+    assert (half.mod_capacity, half.mod_layer_interval) == (0.5, 1)
     # a config built directly keeps the fields' defaults: what a config without them has always meant
     direct = AdaptiveDSConfig(arch="mod")
     assert (direct.mod_capacity, direct.mod_layer_interval) == (0.5, 1)

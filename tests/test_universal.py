@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 from conftest import run_command, write_ds_config
+from test_prepared_data import prepared
 
 from adaptive_ds.training import train
 from adaptive_ds.training.checkpoint import (
@@ -28,10 +29,11 @@ MODEL = {"num_hidden_layers": 2, "moe_drop_tokens": False}
 TENSORS = ("weight", "fp32", "exp_avg", "exp_avg_sq")
 
 
-def _configs(directory, arch):
+def _configs(directory, arch, data=None):
     """Two processes x micro 2 and one process x micro 2 x accumulation 2: the same global batch (a checkpoint
     resumes only with its batch layout). Checkpoints at steps 2 and 4."""
-    block = dict(arch=arch, max_steps=4, warmup_steps=1, save_steps=2, log_steps=1, model=MODEL)
+    block = dict(arch=arch, max_steps=4, warmup_steps=1, save_steps=2, log_steps=1, model=MODEL,
+                 **({"data": data} if data else {}))
     return write_ds_config(directory, 2, 1, **block), write_ds_config(directory, 2, 2, **block)
 
 
@@ -46,9 +48,9 @@ def _losses(out):
     return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
-def _train(directory, arch, *args):
+def _train(directory, arch, *args, data=None):
     """A 2-process run to step 4, then put back to its step-2 checkpoint (as if killed after it)."""
-    two, one = _configs(directory, arch)
+    two, one = _configs(directory, arch, data)
     out = directory / "run"
     _run(directory / "saved", two, out, 2, *args)
     reference = _losses(out)
@@ -95,16 +97,11 @@ def _assert_continues(resumed, reference, rel):
     assert [resumed[3], resumed[4]] == pytest.approx([reference[3], reference[4]], rel=rel)
 
 
-@pytest.mark.slow
-# mod's parameters convert as dense's do (no expert layout): dense stands for both
-@pytest.mark.parametrize("arch", ["dense", "moe", "hybrid"])
-def test_a_two_process_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_path, arch):
-    expert_parallel = ["--ep_size", "2"] if arch in ("moe", "hybrid") else []
-    out, reference, two, _ = _train(tmp_path, arch, *expert_parallel)
-    result = _run(tmp_path / "resumed", two, out, 1)  # the same ds_config; ep_size 1: the default
+def _assert_resumed_on_one_process(tmp_path, out, reference, config, num_experts=None):
+    result = _run(tmp_path / "resumed", config, out, 1)  # the same ds_config; ep_size 1: the default
     assert "through DeepSpeed's universal format" in result.stderr
     assert "gradient accumulation 2 keeps its global batch of 4 rows" in result.stderr  # re-derived
-    _assert_restored(tmp_path / "saved", tmp_path / "resumed", 2, num_experts=8 if expert_parallel else None)
+    _assert_restored(tmp_path / "saved", tmp_path / "resumed", 2, num_experts=num_experts)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2 and summary["world_size"] == 1
     # the same rows per step, in one process: equal to float32 summation order
@@ -112,8 +109,29 @@ def test_a_two_process_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_
 
 
 @pytest.mark.slow
-def test_an_moe_checkpoint_resumes_with_another_ep_size_on_the_same_processes(tmp_path):
-    out, reference, two, _ = _train(tmp_path, "moe", "--ep_size", "2")
+# mod's parameters convert as dense's do (no expert layout): dense stands for both; moe: the test below
+@pytest.mark.parametrize("arch", ["dense", "hybrid"])
+def test_a_two_process_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_path, arch):
+    # dense on prepared data: its global sample index also makes 2 processes x 2 rows and 1 process x 2 x 2 rows
+    # train on the same rows (the resume below continues the 2-process curve on one process)
+    data = prepared(tmp_path, seq_len=256) if arch == "dense" else None
+    expert_parallel = ["--ep_size", "2"] if arch == "hybrid" else []
+    out, reference, two, one = _train(tmp_path, arch, *expert_parallel, data=data)
+    if data:
+        train(["--ds_config", one, "--output_dir", str(tmp_path / "one")])
+        assert list(_losses(tmp_path / "one").values()) == pytest.approx(list(reference.values()), rel=2e-5)
+    _assert_resumed_on_one_process(tmp_path, out, reference, two, num_experts=8 if expert_parallel else None)
+
+
+@pytest.mark.slow
+def test_an_moe_checkpoint_resumes_on_one_process_and_with_another_ep_size_on_the_same_processes(tmp_path):
+    out, reference, two, _ = _train(tmp_path, "moe", "--ep_size", "2")  # one 2-process run for all three
+    pristine = tmp_path / "pristine"
+    shutil.copytree(out, pristine)
+    _assert_resumed_on_one_process(tmp_path, out, reference, two, num_experts=8)
+
+    shutil.rmtree(out)
+    shutil.copytree(pristine, out)
     _run(tmp_path / "ep1", two, out, 2, "--ep_size", "1")
     _assert_restored(tmp_path / "saved", tmp_path / "ep1", 2, num_experts=8)
     _assert_continues(_losses(out), reference, rel=1e-5)
