@@ -116,3 +116,12 @@ def test_the_reader_names_what_is_wrong(config, world_size, message):
         with pytest.raises(ConfigError) as error:
             reader.read(config)
         assert message in str(error.value)
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "debug_cpu.json"], ids=lambda p: p.name)
+def test_gpu_configs_leave_deepspeed_its_fused_adam(path):
+    # DeepSpeed builds its fused CUDA Adam (FusedAdam; DeepSpeedCPUAdam where the optimizer is offloaded) for "Adam"
+    # and "AdamW" unless "torch_adam" asks for torch's; only the CPU config, where FusedAdam cannot run, asks.
+    optimizer = json.loads(path.read_text())["optimizer"]
+    assert optimizer["type"] in ("Adam", "AdamW") and not optimizer["params"].get("torch_adam", False)
+    assert json.loads((ROOT / "ds_configs" / "debug_cpu.json").read_text())["optimizer"]["params"]["torch_adam"]
