@@ -33,6 +33,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -206,14 +207,28 @@ def _run_stage(name: str, dry: bool, workdir: Path, micro_batch: int) -> dict:
     return {**result, "seconds": time.perf_counter() - start}
 
 
+class _StageTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame) -> None:
+    raise _StageTimeout(f"timed out after {DRY_TIMEOUT_S} s")
+
+
 def _run_stage_here(name: str, workdir: Path, micro_batch: int) -> dict:
+    """A dry-run stage in this process, under the same time limit as a stage process (SIGALRM)."""
     start = time.perf_counter()
     kwargs = {"micro_batch": micro_batch} if name == "benchmark" else {}
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(DRY_TIMEOUT_S)
     try:
         result = json.loads(json.dumps(_stage_function(name)(True, workdir, **kwargs), default=str))
     except (Exception, SystemExit) as error:  # the training CLI exits with its one line
         logger.exception("stage %s failed", name)
         result = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     return {**result, "seconds": time.perf_counter() - start}
 
 

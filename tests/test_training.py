@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import sys
 
 import pytest
 import torch
@@ -248,3 +250,17 @@ def test_compile_trains_the_same_model(tmp_path):
     # the compiled module keeps its parameter names: final/ loads as usual
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "compiled" / "final")
     assert sum(p.numel() for p in model.parameters()) == compiled["total_parameters"]
+
+
+def test_every_process_builds_deepspeeds_ops_with_the_environments_ninja(monkeypatch):
+    """Two ninjas (pip's in the virtualenv, a system one) record builds differently: a process finding the other
+    one rebuilds DeepSpeed's shm op (~45 s). Ours put the environment's first, however they were started."""
+    from adaptive_ds.distributed import use_this_environments_ninja
+
+    bin_dir = os.path.dirname(sys.executable)
+    assert os.path.exists(os.path.join(bin_dir, "ninja"))  # pip's ninja, a DeepSpeed dependency
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    use_this_environments_ninja()
+    assert os.environ["PATH"] == f"{bin_dir}:/usr/bin:/bin"
+    use_this_environments_ninja()  # already first: unchanged
+    assert os.environ["PATH"] == f"{bin_dir}:/usr/bin:/bin"

@@ -162,3 +162,29 @@ def test_an_moe_checkpoint_without_zero_partitions_is_refused_and_left_alone(tmp
     with pytest.raises(CheckpointError, match="only from ZeRO stage 1 or 2"):
         universal_tag(str(out), tag, 1)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
+
+
+def test_a_universal_checkpoint_whose_param_groups_do_not_pair_with_the_run_is_refused(tmp_path):
+    """DeepSpeed's universal loader pairs param groups by position: a run with more groups than the checkpoint
+    would keep fresh weights in the extra ones. Here the saved state has one group fewer than the engine."""
+    import deepspeed
+    from conftest import tiny_config
+
+    from adaptive_ds import distributed
+    from adaptive_ds.models import AdaptiveDSForCausalLM
+    from adaptive_ds.training.checkpoint import check_param_groups
+    from adaptive_ds.training.optim import parameter_groups
+
+    distributed.init_distributed()
+    config = json.loads(open(write_ds_config(tmp_path)).read())
+    del config["adaptive_ds"]
+    model = AdaptiveDSForCausalLM(tiny_config("moe"))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=config)
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.optimizer.param_groups]
+    (tmp_path / "u" / "zero").mkdir(parents=True)
+    torch.save({"param_groups": groups}, tmp_path / "u" / "zero" / "optimizer_state.pt")
+    check_param_groups(engine, str(tmp_path / "u"), "step00000002")  # as many: accepted
+    torch.save({"param_groups": groups[:-1]}, tmp_path / "u" / "zero" / "optimizer_state.pt")
+    with pytest.raises(CheckpointError, match=rf"holds {len(groups) - 1} optimizer param groups and this run's "
+                                              rf"layout {len(groups)}"):
+        check_param_groups(engine, str(tmp_path / "u"), "step00000002")

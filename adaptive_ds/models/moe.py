@@ -229,30 +229,38 @@ def _pack(weights: Sequence[nn.Parameter]) -> None:
         w.data = slot
 
 
-def stacked_weights(weights: Sequence[nn.Parameter]) -> torch.Tensor:
+def stacked_weights(weights: Sequence[nn.Parameter], may_pack: bool = True) -> torch.Tensor:
     """The experts' (out, in) weights of one projection as one (experts, out, in) tensor for the grouped GEMM.
 
     A view, no copy, when they lie at a regular stride in one storage: DeepSpeed's ZeRO-1/2, bf16 and fp16
     optimizers flatten each param group into one buffer in parameter order (and point the parameters back into it
-    after every step), so a layer's experts' weights sit a fixed distance apart there. Weights that each own their
-    storage are packed once into such a buffer, then viewed: a plain module, a model after `.to()` or
-    `from_pretrained`, and the engine modes that keep parameters apart and update them in place (without ZeRO:
-    fp32's torch optimizer, DeepSpeed's unfused fp16 / bf16 optimizer). Weights in another buffer at irregular
-    offsets (a DeepSpeed MoE param group ending inside a layer's experts, `round_robin_gradients`) are copied by
-    `torch.stack` on every call: re-pointing them would cut them off from the buffer their optimizer updates.
-    Nothing is cached: the layout is checked on each call (host-only), so any later re-pointing of the parameters
-    (DeepSpeed's flattening, `.to()`) is followed. Under torch.compile the stack is traced as before (pointer
-    checks are not traceable).
+    after every step), so a layer's experts' weights sit a fixed distance apart there. With `may_pack`, weights
+    that each own their storage are packed once into such a buffer, then viewed: a plain module, a model after
+    `.to()` or `from_pretrained` (generation). An optimizer built by `adaptive_ds.training.optim.parameter_groups`
+    turns `may_pack` off (after packing once, before the optimizer exists): a weight alone in its param group sits
+    alone in that optimizer's flat buffer, which looks the same as owning its storage, and moving it would cut it
+    off from the buffer the optimizer updates. Otherwise, and under `torch.inference_mode` (whose tensors could not
+    train later) or torch.compile (pointer checks are not traceable), the weights are copied by `torch.stack` on
+    every call. Nothing is cached: the layout is checked on each call (host-only), so any later re-pointing of the
+    parameters (DeepSpeed's flattening, `.to()`) is followed.
     """
     if torch.compiler.is_compiling():
         return torch.stack(list(weights))
     stride = regular_stride(weights)
-    if stride is None and all(_owns_its_storage(w) for w in weights):
-        _pack(weights)
+    if stride is None and may_pack and pack(weights):
         stride = regular_stride(weights)
     if stride is None:
         return torch.stack(list(weights))
     return _StackedView.apply(stride, *weights)
+
+
+def pack(weights: Sequence[nn.Parameter]) -> bool:
+    """Pack `weights` into one buffer (`_pack`) where that is safe: each owns its storage, and no inference-mode
+    tensor would be made. Returns whether it packed."""
+    if torch.is_inference_mode_enabled() or not all(_owns_its_storage(w) for w in weights):
+        return False
+    _pack(weights)
+    return True
 
 
 class MoEFeedForward(nn.Module):
@@ -285,6 +293,7 @@ class MoEFeedForward(nn.Module):
         )
         self.shared_experts = (SwiGLU(config.hidden_size, config.shared_intermediate_size)
                                if config.moe_shared_experts else None)
+        self.may_pack = True  # see `stacked_weights`; `pack_for_optimizer` turns it off
         self.bias_update_rate = None
         if config.moe_balancing == "bias":
             self.bias_update_rate = config.moe_bias_update_rate
@@ -307,6 +316,13 @@ class MoEFeedForward(nn.Module):
         """b_e += gamma * sign(mean load - load_e) for the (experts,) `load` of one optimizer step on all ranks
         (DeepSeek-V3, arXiv 2412.19437 sec. 2.1.2): an overloaded expert's bias falls, an idle one's rises."""
         self.routing_bias_steps += torch.sign(load.float().mean() - load.float()).long()
+
+    def pack_for_optimizer(self) -> None:
+        """Before an optimizer is built on this layer's parameters: pack the local experts' weights (each projection
+        one buffer, for the grouped GEMM's view) and never move them again (see `stacked_weights`)."""
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            pack([getattr(e, name).weight for e in self._layer.experts.deepspeed_experts])
+        self.may_pack = False
 
     def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """(tokens, experts) float32 logits of DeepSpeed's gate, with its multiplicative jitter in training."""
@@ -388,7 +404,8 @@ class MoEFeedForward(nn.Module):
             offsets = torch.cumsum(counts, 0).to(torch.int32)
 
             def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
-                return stacked_weights([getattr(e, name).weight for e in experts]).transpose(-2, -1)
+                return stacked_weights([getattr(e, name).weight for e in experts],
+                                       self.may_pack).transpose(-2, -1)
 
             gate = torch._grouped_mm(x, stacked("gate_proj"), offs=offsets)
             up = torch._grouped_mm(x, stacked("up_proj"), offs=offsets)

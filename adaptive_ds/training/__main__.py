@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
 
 # torch's words for a loader worker that died (torch/utils/data: by a signal, or noticed by the main process)
 _DATA_WORKER_LOST = re.compile(
-    r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:is killed by signal: (?P<signal>\w+)|exited unexpectedly)")
+    r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:is killed by signal: (?P<signal>[^.]+)|exited unexpectedly)")
 
 
 def _lost_a_process(error: RuntimeError) -> str | None:
@@ -76,7 +76,8 @@ def _lost_a_process(error: RuntimeError) -> str | None:
         return None
     if worker.group("signal") == "Terminated":
         return "stopped by SIGTERM (a launcher stops every process when one fails; a data loader worker got it first)"
-    return f"a data loader worker died ({' '.join(worker.group(0).split())})"
+    # torch's own words, whole: for a bus error they say the workers may be out of shared memory (/dev/shm)
+    return f"a data loader worker died ({' '.join(str(error).split())[:300]})"
 
 
 if __name__ == "__main__":

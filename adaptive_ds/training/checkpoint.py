@@ -553,8 +553,23 @@ def resume(engine, output_dir: str, tag: str, identity: dict) -> dict:
         logger.warning("resuming a %d-process checkpoint (ep_size %d) on %d processes (ep_size %d) through "
                        "DeepSpeed's universal format", saved["identity"]["world_size"],
                        saved["identity"]["model"].get("moe_ep_size", 1), identity["world_size"], ep_size)
-        load(engine, output_dir, universal_tag(output_dir, tag, ep_size), rng_tag=tag)
+        converted = universal_tag(output_dir, tag, ep_size)
+        check_param_groups(engine, os.path.join(checkpoint_root(output_dir), converted), tag)
+        load(engine, output_dir, converted, rng_tag=tag)
     return saved
+
+
+def check_param_groups(engine, universal_dir: str, tag: str) -> None:
+    """Refuse a universal checkpoint whose optimizer param groups do not pair with this run's: DeepSpeed's loader
+    pairs them by position, and a group without a partner would keep its fresh weights and moments, silently.
+    (MoE layers whose experts exceed one param group are grouped by ep_size: training/optim.py `moe_group_size`.)"""
+    saved = torch.load(os.path.join(universal_dir, "zero", "optimizer_state.pt"), map_location="cpu",
+                       weights_only=False)["param_groups"]
+    current = engine.optimizer.optimizer.param_groups
+    if len(saved) != len(current):
+        raise CheckpointError(f"checkpoint {tag!r} holds {len(saved)} optimizer param groups and this run's layout "
+                              f"{len(current)} (its MoE layers split into param groups by ep_size): resume on the "
+                              f"checkpoint's moe_ep_size, or one whose layers fit one param group each")
 
 
 class Checkpointer:

@@ -22,6 +22,9 @@ def parameter_groups(model: nn.Module, weight_decay: float, moe_group_cap: int =
     experts sit in param groups marked `moe` (made by `split_params_into_different_moe_groups_for_optimizer`).
     Those groups hold whole MoE layers (see `moe_group_size`).
     """
+    for layer in model.modules():  # before the optimizer holds the experts' weights (models/moe.py)
+        if isinstance(layer, MoEFeedForward):
+            layer.pack_for_optimizer()
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:
@@ -41,13 +44,19 @@ def moe_group_size(model: nn.Module, cap: int = DEEPSPEED_MOE_GROUP_CAP) -> int:
     one stride there, and the grouped GEMM reads them as a view instead of stacking a copy on every forward
     (models/moe.py, `stacked_weights`). DeepSpeed's own cap cuts layers wherever it falls (4 of debug_200m's 12,
     all of b1's at `moe_ep_size` 1). A layer's local experts larger than `cap` keep DeepSpeed's cut (and the copy)
-    rather than a group past the cap DeepSpeed chose.
+    rather than a group past the cap DeepSpeed chose; there the number of groups depends on `moe_ep_size`, and a
+    resume on another ep_size is refused (checkpoint.resume) rather than loaded into the wrong groups.
     """
-    per_layer = max((sum(p.numel() for p in m.moe.deepspeed_moe.experts.parameters())
-                     for m in model.modules() if isinstance(m, MoEFeedForward)), default=0)
-    if per_layer == 0 or per_layer > cap:
+    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    if not layers:
         return cap
-    return per_layer * (cap // per_layer)
+    local = sum(p.numel() for p in layers[0].moe.deepspeed_moe.experts.parameters())
+    whole = local * layers[0].moe.ep_size  # the layer's experts on all ranks
+    if local > cap:
+        return cap
+    # As many layers a group as fit the cap with every expert of a layer in one place, at every ep_size alike: the
+    # number of groups must not change with ep_size, since DeepSpeed's universal loader pairs groups by position.
+    return local * max(1, cap // whole)
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
