@@ -198,6 +198,10 @@ def test_a_named_model_variant_sets_its_fields_and_explicit_overrides_win(tmp_pa
     assert settings.model == {"mod_capacity": 0.25, "mod_layer_interval": 2}
     with pytest.raises(ConfigError, match="unknown variant 'mod_fast'; valid choices: mod_paper, mod_half"):
         parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_fast"], 1)
+    for arch in ("dense", "moe"):  # MoD fields an architecture without MoD would silently ignore
+        with pytest.raises(ConfigError, match=f"variant mod_half sets MoD routing, which arch {arch} does not have"):
+            parse(["--ds_config", DEBUG_CPU, "--arch", arch, "--variant", "mod_half"], 1)
+    parse(["--ds_config", DEBUG_CPU, "--arch", "hybrid", "--variant", "mod_half"], 1)
 
 
 @pytest.mark.parametrize(("argv", "capacity", "interval"), [

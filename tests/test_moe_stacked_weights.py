@@ -303,3 +303,15 @@ def test_moe_param_groups_are_as_many_at_every_ep_size():
         groups = parameter_groups(model, 0.1, moe_group_cap=cap)
         counts.append(sum(1 for g in groups if g.get("moe")))
     assert counts == [2, 2]
+
+
+def test_weights_at_a_stride_grouped_gemm_cannot_take_are_not_viewed():
+    """torch._grouped_mm on GPU needs 16-byte aligned operands and strides: an odd offset or stride is copied."""
+    buffer = torch.zeros(4 * 24 + 1)  # fp32: 4 bytes an element
+    aligned = [buffer[i * 24:(i * 24) + 16].view(4, 4) for i in range(4)]  # 24 elements apart: 96 bytes, aligned
+    assert regular_stride(aligned) == 24
+    odd_start = [buffer[1 + i * 24:1 + i * 24 + 16].view(4, 4) for i in range(4)]  # starts 4 bytes in
+    assert regular_stride(odd_start) is None
+    odd_stride = [buffer[i * 17:i * 17 + 16].view(4, 4) for i in range(4)]  # 68 bytes apart
+    assert regular_stride(odd_stride) is None
+    assert torch.equal(stacked_weights(odd_stride, may_pack=False), torch.stack(odd_stride))

@@ -249,6 +249,10 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
         if world_size % model.moe_ep_size:
             problems.append(f"moe_ep_size {model.moe_ep_size} does not divide the world size {world_size}; pass "
                             f"an --ep_size that divides the number of processes")
+    mod_variant = any(key.startswith("mod_") for key in MODEL_VARIANTS.get(settings.variant, {}))
+    if model is not None and mod_variant and not model.uses_mod:  # another arch would silently ignore its fields
+        problems.append(f"variant {settings.variant} sets MoD routing, which arch {settings.arch} does not have; "
+                        f"use it with --arch mod or hybrid")
     if "optimizer" not in ds_config:
         problems.append("the ds_config has no 'optimizer' block; add e.g. "
                         '{"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}}')
