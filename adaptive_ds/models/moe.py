@@ -219,16 +219,6 @@ def _owns_its_storage(w: torch.Tensor) -> bool:
             and w.untyped_storage().nbytes() == w.numel() * w.element_size())
 
 
-@torch.no_grad()
-def _pack(weights: Sequence[nn.Parameter]) -> None:
-    """Move the weights into one (experts, out, in) buffer and re-point each Parameter's `.data` at its slice. The
-    Parameter objects stay, so an optimizer holding them (torch's, DeepSpeed's unflattened ones) updates the
-    buffer in place."""
-    buffer = torch.stack([w.detach() for w in weights])
-    for w, slot in zip(weights, buffer, strict=True):
-        w.data = slot
-
-
 def stacked_weights(weights: Sequence[nn.Parameter], may_pack: bool = True) -> torch.Tensor:
     """The experts' (out, in) weights of one projection as one (experts, out, in) tensor for the grouped GEMM.
 
@@ -254,12 +244,17 @@ def stacked_weights(weights: Sequence[nn.Parameter], may_pack: bool = True) -> t
     return _StackedView.apply(stride, *weights)
 
 
+@torch.no_grad()
 def pack(weights: Sequence[nn.Parameter]) -> bool:
-    """Pack `weights` into one buffer (`_pack`) where that is safe: each owns its storage, and no inference-mode
-    tensor would be made. Returns whether it packed."""
+    """Move the weights into one (experts, out, in) buffer and re-point each Parameter's `.data` at its slice, where
+    that is safe: each owns its storage, and no inference-mode tensor would be made. The Parameter objects stay, so
+    an optimizer holding them (torch's, DeepSpeed's unflattened ones) updates the buffer in place. Returns whether
+    it packed."""
     if torch.is_inference_mode_enabled() or not all(_owns_its_storage(w) for w in weights):
         return False
-    _pack(weights)
+    buffer = torch.stack([w.detach() for w in weights])
+    for w, slot in zip(weights, buffer, strict=True):
+        w.data = slot
     return True
 
 
@@ -321,8 +316,12 @@ class MoEFeedForward(nn.Module):
         """Before an optimizer is built on this layer's parameters: pack the local experts' weights (each projection
         one buffer, for the grouped GEMM's view) and never move them again (see `stacked_weights`)."""
         for name in ("gate_proj", "up_proj", "down_proj"):
-            pack([getattr(e, name).weight for e in self._layer.experts.deepspeed_experts])
+            pack(self._expert_weights(name))
         self.may_pack = False
+
+    def _expert_weights(self, name: str) -> list[nn.Parameter]:
+        """The local experts' `name` projection weights, (out, in) each, in expert order."""
+        return [getattr(e, name).weight for e in self._layer.experts.deepspeed_experts]
 
     def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """(tokens, experts) float32 logits of DeepSpeed's gate, with its multiplicative jitter in training."""
@@ -404,8 +403,7 @@ class MoEFeedForward(nn.Module):
             offsets = torch.cumsum(counts, 0).to(torch.int32)
 
             def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
-                return stacked_weights([getattr(e, name).weight for e in experts],
-                                       self.may_pack).transpose(-2, -1)
+                return stacked_weights(self._expert_weights(name), self.may_pack).transpose(-2, -1)
 
             gate = torch._grouped_mm(x, stacked("gate_proj"), offs=offsets)
             up = torch._grouped_mm(x, stacked("up_proj"), offs=offsets)
