@@ -10,9 +10,6 @@ BIN := $(VENV)/bin
 # DeepSpeed JIT-builds a few ops on first use (~70 s); keep them with this checkout's virtualenv, so that two
 # checkouts (or two virtualenvs) never rebuild over each other's cache.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
-# ...and build them with the virtualenv's `ninja` in every process: a system ninja records builds differently, so
-# processes that alternate between the two rebuild the op each time (~45 s on 2 cores).
-export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: setup train test lint clean gpu-check
 

@@ -10,16 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
+from adaptive_ds.distributed import DISTRIBUTED_VARIABLES, use_this_environments_ninja
 from adaptive_ds.models import AdaptiveDSConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# This interpreter's bin directory first on PATH, for this process as for the processes tests start (run_command):
-# DeepSpeed JIT-builds its shared-memory op with the first `ninja` on PATH, and two ninja versions (the virtualenv's
-# and a system one) record the build differently, so processes that alternate between them rebuild the op each time
-# (~45 s on 2 cores, measured), and the suite's in-process runs and subprocess runs did exactly that.
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+# The environment's ninja for every JIT build in this process too (the test helpers' own extensions are built before
+# any process group exists), as adaptive_ds does at init_distributed; run_command passes the PATH on.
+use_this_environments_ninja()
 
 # One disk cache of derived corpus figures for the whole session and its subprocesses (adaptive_ds/data/
 # disk_cache.py): hermetic (not the user's ~/.cache), yet each figure is computed once, not once per process.
