@@ -69,10 +69,16 @@ PROVENANCE = "grid_provenance.json"  # written into a run's directory when it fi
 VARIANTS: dict[str, dict] = {
     **{arch: {"arch": arch} for arch in ARCHITECTURES},
     "moe:dropless": {"arch": "moe", "model": {"moe_drop_tokens": False}},
+    # top-1 routing (Switch Transformer): the active FLOPs of dense's MLP, so equal tokens is (almost) equal FLOPs
     "moe:top1": {"arch": "moe", "model": {"num_experts_per_tok": 1}},
+    # fine-grained at dense's active FLOPs: 32 experts of a quarter width, top-4
+    "moe:fine1": {"arch": "moe", "model": {"moe_expert_granularity": 4, "num_experts_per_tok": 1}},
     # no balancing loss, and no controller raising its coefficient back
     "moe:noaux": {"arch": "moe", "model": {"router_aux_loss_coef": 0.0}, "controller": {"moe_balance": False}},
     "hybrid:dropless": {"arch": "hybrid", "model": {"moe_drop_tokens": False}},
+    # the hybrid with MoE blocks at dense's active FLOPs (top-1; fine-grained top-4 of 32)
+    "hybrid:top1": {"arch": "hybrid", "model": {"num_experts_per_tok": 1}},
+    "hybrid:fine1": {"arch": "hybrid", "model": {"moe_expert_granularity": 4, "num_experts_per_tok": 1}},
     # auxiliary-loss-free balancing by a routing bias (DeepSeek-V3, arXiv 2412.19437)
     "moe:bias": {"arch": "moe", "model": {"moe_balancing": "bias"}},
     # fine-grained experts: 4x as many, a quarter as wide, top-8 (DeepSeekMoE, arXiv 2401.06066): same active FLOPs

@@ -90,10 +90,18 @@ def _zipf(n: int) -> list[float]:
     return [w / total for w in weights]
 
 
+# What a token is, where the grammar knows (`Document.kinds`), for breaking a model's loss down by what it must
+# do there (`adaptive_ds.loss_breakdown`). Every other token is "" (prose, tags, punctuation, relations, counts).
+NAME, FACT, COMPUTED, COPIED = "name", "fact", "computed", "copied"
+
+
 @dataclass
 class Document:
     tokens: list[str]
     logprobs: list[float]  # natural-log p(token | prefix) under the generator, one per token
+    # per token: NAME (an entity's syllables), FACT (a fact's value, memorised: "fact" + the entity's Zipf rank
+    # from 0, e.g. "fact:17"), COMPUTED (a sum's or product's digits), COPIED (a recall value read back), or ""
+    kinds: list[str]
 
 
 class _Emitter:
@@ -107,11 +115,13 @@ class _Emitter:
         self.rng = rng
         self.tokens: list[str] = []
         self.logprobs: list[float] = []
+        self.kinds: list[str] = []
         self._pending = 0.0
 
-    def emit(self, token: str, prob: float = 1.0) -> None:
+    def emit(self, token: str, prob: float = 1.0, kind: str = "") -> None:
         self.tokens.append(token)
         self.logprobs.append(self._pending + math.log(prob))
+        self.kinds.append(kind)
         self._pending = 0.0
 
     def branch(self, p_true: float) -> bool:
@@ -182,7 +192,7 @@ def _equation(e: _Emitter) -> None:
     b = e.pick(DIGITS)
     e.emit("=")
     for digit in str(a + b if op == 0 else a * b):
-        e.emit(digit)  # determined by the operands: a token that needs computation
+        e.emit(digit, kind=COMPUTED)  # determined by the operands: a token that needs computation
     e.emit(";")
 
 
@@ -206,7 +216,7 @@ def _queries(e: _Emitter, memory: dict[str, str]) -> None:
     for query in range(MAX_QUERIES):
         e.emit("get")
         key = keys[e.pick(keys)]
-        e.emit(memory[key])  # copied from context
+        e.emit(memory[key], kind=COPIED)  # copied from context
         if query + 1 == MAX_QUERIES or e.branch(0.4):
             return
 
@@ -263,7 +273,7 @@ def _entity(e: _Emitter, table: FactTable) -> int:
     entity = e.rng.choices(range(NUM_ENTITIES), cum_weights=table.cum_weights)[0]
     name = table.names[entity]
     for position, syllable in enumerate(name):
-        e.emit(syllable, table.name_probability(name, position))
+        e.emit(syllable, table.name_probability(name, position), NAME)
     return entity
 
 
@@ -271,7 +281,7 @@ def _fact(e: _Emitter, table: FactTable, entity: int, relations: list[str]) -> s
     """RELATION VALUE: the relation drawn uniformly from `relations`, the value the table's (certain)."""
     relation = relations[e.pick(relations)]
     for token in table.facts[entity][relation]:
-        e.emit(token)
+        e.emit(token, kind=f"{FACT}:{entity}")
     return relation
 
 
@@ -331,7 +341,7 @@ def generate_document(rng: random.Random, tier: str = "base") -> Document:
     domain = tags[e.pick(tags, list(weights.values()))]
     domains[domain](e)
     e.emit(EOS)
-    return Document(e.tokens, e.logprobs)
+    return Document(e.tokens, e.logprobs, e.kinds)
 
 
 def block(namespace: str, index: int, seq_len: int, tier: str = "base") -> Document:
@@ -343,16 +353,17 @@ def block(namespace: str, index: int, seq_len: int, tier: str = "base") -> Docum
     ranks. The tokens and log-probabilities of the kept documents are exactly the generator's.
     """
     rng = random.Random(f"{namespace}-{index}")
-    tokens: list[str] = []
-    logprobs: list[float] = []
+    out = Document([], [], [])
     while True:
         doc = generate_document(rng, tier)
-        if tokens and len(tokens) + len(doc.tokens) > seq_len:
-            return Document(tokens, logprobs)
-        tokens += doc.tokens[: seq_len - len(tokens)]
-        logprobs += doc.logprobs[: seq_len - len(logprobs)]
-        if len(tokens) == seq_len:
-            return Document(tokens, logprobs)
+        if out.tokens and len(out.tokens) + len(doc.tokens) > seq_len:
+            return out
+        room = seq_len - len(out.tokens)
+        out.tokens += doc.tokens[:room]
+        out.logprobs += doc.logprobs[:room]
+        out.kinds += doc.kinds[:room]
+        if len(out.tokens) == seq_len:
+            return out
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,215 @@
+"""Where a trained model's loss goes on the embedded corpus: its excess over the generator's, by kind of token.
+
+The embedded corpus knows the true probability of every token (`adaptive_ds.data.embedded`) and what each token
+is (`Document.kinds`): a memorised fact's value, an entity's name, a computed digit, a value copied from context,
+or anything else, determined (p = 1) or uncertain. A model's validation loss minus the entropy floor is the sum,
+over these kinds, of each kind's share of the tokens times the model's excess loss on it, so the breakdown says
+which structure a model has not learned yet, and whether a bigger model (more parameters: MoE) should help there.
+
+Fact values are split by their entity's Zipf rank; each bucket also shows how many times a training run of
+`--train_tokens` tokens stated each of its facts (counted on the run's own training stream), which separates a
+fact the model has not seen often enough from one it has no room for.
+
+    python -m adaptive_ds.loss_breakdown --models dense=RUNS/dense-seed1/final moe=RUNS/moe-seed1/final \\
+        --seed 1 --train_tokens 500000 --benchmarks_md BENCHMARKS.md
+
+`--seed` must be the runs' training seed: the held-out blocks are that run's validation stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .data import _train_namespace, _validation_namespace
+from .data.embedded import COMPUTED, COPIED, FACT, NAME, NUM_ENTITIES, PAD, RELATIONS, Document, block
+from .export import load_any
+from .report import commit, machine, replace_section
+
+logger = logging.getLogger(__name__)
+
+# Fact values by their entity's Zipf rank (from 0): the head is stated often, the tail rarely.
+FACT_BUCKETS = ((0, 16), (16, 256), (256, NUM_ENTITIES))
+
+
+def fact_bucket(entity: int) -> str:
+    for lo, hi in FACT_BUCKETS:
+        if lo <= entity < hi:
+            return f"fact value, entity rank {lo + 1}-{hi}"
+    raise ValueError(f"entity {entity} is outside the table (0..{NUM_ENTITIES - 1})")
+
+
+CATEGORIES = tuple(fact_bucket(lo) for lo, _ in FACT_BUCKETS) + (
+    "entity name (Zipf draw)", "computed digit (sum, product)", "copied value (recall)",
+    "other, determined (p = 1)", "other, uncertain")
+
+
+def category(kind: str, logprob: float) -> str:
+    """The breakdown's category of a token of `kind` (Document.kinds) with generator log-probability `logprob`."""
+    if kind.startswith(FACT + ":"):
+        return fact_bucket(int(kind.split(":", 1)[1]))
+    named = {NAME: CATEGORIES[3], COMPUTED: CATEGORIES[4], COPIED: CATEGORIES[5]}
+    if kind in named:
+        return named[kind]
+    if kind:
+        raise ValueError(f"unknown token kind {kind!r}")
+    return CATEGORIES[6] if logprob == 0.0 else CATEGORIES[7]
+
+
+def statements_per_fact(blocks: Iterable[Document]) -> dict[str, float]:
+    """Per fact bucket: how many times each fact (entity, relation) of the bucket was stated in `blocks`, on
+    average. A statement is a maximal run of tokens of one entity's fact kind (a value is 1 to 3 tokens; two
+    statements are always separated by a relation token)."""
+    statements: dict[str, int] = defaultdict(int)
+    for b in blocks:
+        previous = ""
+        for kind in b.kinds:
+            if kind.startswith(FACT + ":") and kind != previous:
+                statements[fact_bucket(int(kind.split(":", 1)[1]))] += 1
+            previous = kind
+    return {fact_bucket(lo): statements[fact_bucket(lo)] / ((hi - lo) * len(RELATIONS)) for lo, hi in FACT_BUCKETS}
+
+
+@dataclass
+class Sums:
+    """Per category: predicted tokens, the generator's summed NLL, the model's summed NLL."""
+
+    tokens: int = 0
+    floor: float = 0.0
+    model: float = 0.0
+
+
+@torch.no_grad()
+def model_nll(model, vocab: dict[str, int], blocks: Sequence[Document], batch_size: int = 16) -> list[list[float]]:
+    """The model's NLL (nats) of every predicted token of each block (all but the first), the tokens mapped to ids
+    by `vocab`; MoD blocks route causally (what generation does), MoE is dropless (eval)."""
+    missing = sorted({t for b in blocks for t in b.tokens} - set(vocab))
+    if missing:
+        raise ValueError(f"the model's tokenizer lacks {len(missing)} of the corpus's tokens ({', '.join(missing[:5])}"
+                         "...): it was not trained on this tier of the embedded corpus")
+    model.eval()
+    model.model.set_mod_routing("causal")
+    out = []
+    for first in range(0, len(blocks), batch_size):
+        chunk = blocks[first:first + batch_size]
+        # blocks hold whole documents, so some are shorter: padded at the end, which no earlier token sees (causal
+        # attention, causal MoD routing, dropless MoE), and the padding's losses are dropped
+        width = max(len(b.tokens) for b in chunk)
+        ids = torch.tensor([[vocab[t] for t in b.tokens] + [vocab[PAD]] * (width - len(b.tokens)) for b in chunk])
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").double()
+        out += [row[: len(b.tokens) - 1].tolist() for row, b in zip(nll, chunk, strict=True)]
+    return out
+
+
+def breakdown(models: dict[str, str], seed: int, num_blocks: int, train_tokens: int, tier: str = "hard") -> dict:
+    """Load each trained model (name -> folder), score the `num_blocks` held-out blocks of seed `seed`, and count
+    the facts stated in the first `train_tokens` tokens of that seed's training stream."""
+    loaded = {}
+    for name, path in models.items():
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"--models {name}={path}: no such folder (give a trained run's final/ folder)")
+        model, tokenizer = load_any(path)
+        loaded[name] = model, tokenizer.get_vocab()
+    seq_len = next(iter(loaded.values()))[0].config.max_position_embeddings
+    held_out = [block(_validation_namespace(seed), i, seq_len, tier) for i in range(num_blocks)]
+    train_blocks = math.ceil(train_tokens / seq_len)
+    exposures = statements_per_fact(block(_train_namespace(seed), i, seq_len, tier) for i in range(train_blocks))
+    rows: dict[str, dict[str, Sums]] = {}
+    for name, (model, vocab) in loaded.items():
+        sums = {c: Sums() for c in CATEGORIES}
+        for b, nll in zip(held_out, model_nll(model, vocab, held_out), strict=True):
+            for kind, logprob, loss in zip(b.kinds[1:], b.logprobs[1:], nll, strict=True):
+                s = sums[category(kind, logprob)]
+                s.tokens += 1
+                s.floor -= logprob
+                s.model += loss
+        rows[name] = sums
+    total = sum(s.tokens for s in next(iter(rows.values())).values())
+    report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(), "seed": seed,
+              "tier": tier, "blocks": num_blocks, "seq_len": seq_len, "tokens": total,
+              "train_tokens": train_tokens, "models": models, "statements_per_fact": exposures, "categories": {}}
+    for c in CATEGORIES:
+        first = next(iter(rows.values()))[c]
+        entry = {"share": first.tokens / total, "tokens": first.tokens,
+                 "floor": first.floor / first.tokens if first.tokens else None, "models": {}}
+        for name, sums in rows.items():
+            s = sums[c]
+            excess = (s.model - s.floor) / s.tokens if s.tokens else None
+            entry["models"][name] = {"loss": s.model / s.tokens if s.tokens else None, "excess": excess,
+                                     "contribution": (s.model - s.floor) / total}
+        report["categories"][c] = entry
+    report["totals"] = {name: {"loss": sum(s.model for s in sums.values()) / total,
+                               "floor": sum(s.floor for s in sums.values()) / total}
+                        for name, sums in rows.items()}
+    return report
+
+
+def markdown(report: dict, command: str) -> str:
+    names = list(report["totals"])
+    lines = [f"Measured {report['date']} on {report['machine']}, commit {report['commit']}: `{command}`. "
+             f"{report['blocks']} held-out blocks of seed {report['seed']}'s validation stream "
+             f"({report['tokens']:,} predicted tokens, embedded:{report['tier']}), MoD routing causal, MoE dropless. "
+             "Each model column: its excess loss over the generator on that kind of token (nats/token), then "
+             "in brackets that kind's contribution to the model's loss minus the floor (share x excess); the "
+             "contributions add up to the last row.", "",
+             "| kind of token | share | floor (nats) | statements per fact in training | "
+             + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
+    for c, entry in report["categories"].items():
+        seen = report["statements_per_fact"].get(c)
+        cells = [f"{m['excess']:.3f} ({m['contribution']:+.4f})" if m["excess"] is not None else "-"
+                 for m in entry["models"].values()]
+        floor = f"{entry['floor']:.3f}" if entry["floor"] is not None else "-"
+        lines.append(f"| {c} | {100 * entry['share']:.1f}% | {floor} | "
+                     f"{f'{seen:.1f}' if seen is not None else '-'} | " + " | ".join(cells) + " |")
+    cells = [f"{t['loss'] - t['floor']:.4f} (loss {t['loss']:.4f})" for t in report["totals"].values()]
+    floor = next(iter(report["totals"].values()))["floor"]
+    lines.append(f"| all tokens | 100% | {floor:.3f} | - | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _model_arg(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FOLDER (a trained model's final/ folder), got {text!r}")
+    return name, path
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", type=_model_arg, required=True, metavar="NAME=FOLDER")
+    p.add_argument("--seed", type=int, required=True, help="the runs' training seed (its validation stream)")
+    p.add_argument("--blocks", type=int, default=256, help="held-out blocks to score")
+    p.add_argument("--train_tokens", type=int, required=True, help="the runs' training tokens (for exposures)")
+    p.add_argument("--out", help="write the report as JSON here")
+    p.add_argument("--benchmarks_md", help="replace this file's loss-breakdown section with the table")
+    p.add_argument("--section", default="loss-breakdown:debug:embedded-hard", help="the section's key")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        report = breakdown(dict(args.models), args.seed, args.blocks, args.train_tokens)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"loss_breakdown: {e}")
+    command = "python -m adaptive_ds.loss_breakdown " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = markdown(report, command)
+    logger.info("%s", text)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.benchmarks_md:
+        replace_section(args.benchmarks_md, args.section, text, "Where the loss goes, debug on embedded:hard")
+
+
+if __name__ == "__main__":
+    main()
