@@ -11,9 +11,10 @@ Fact values are split by their entity's Zipf rank; each bucket also shows how ma
 fact the model has not seen often enough from one it has no room for.
 
     python -m adaptive_ds.loss_breakdown --models dense=RUNS/dense-seed1/final moe=RUNS/moe-seed1/final \\
-        --seed 1 --train_tokens 500000 --benchmarks_md BENCHMARKS.md
+        --seed 1 --benchmarks_md BENCHMARKS.md
 
-`--seed` must be the runs' training seed: the held-out blocks are that run's validation stream.
+`--seed` must be the runs' training seed: the held-out blocks are that run's validation stream. The models run
+on the CPU (a debug-preset model scores 256 blocks in seconds).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .data import _train_namespace, _validation_namespace
-from .data.embedded import COMPUTED, COPIED, FACT, NAME, NUM_ENTITIES, PAD, RELATIONS, Document, block
+from .data import train_namespace, validation_namespace
+from .data.embedded import COMPUTED, COPIED, FACT, NAME, NUM_ENTITIES, PAD, RELATIONS, TIERS, Document, block
 from .export import load_any
 from .report import commit, machine, replace_section
 
@@ -113,19 +114,40 @@ def model_nll(model, vocab: dict[str, int], blocks: Sequence[Document], batch_si
     return out
 
 
-def breakdown(models: dict[str, str], seed: int, num_blocks: int, train_tokens: int, tier: str = "hard") -> dict:
+def tokens_seen(folder: str) -> int | None:
+    """The training tokens of the run whose final/ folder this is (its summary.json), None if not known."""
+    summary = os.path.join(os.path.dirname(os.path.abspath(folder)), "summary.json")
+    if not os.path.isfile(summary):
+        return None
+    with open(summary) as f:
+        return json.load(f).get("tokens_seen")
+
+
+def breakdown(models: dict[str, str], seed: int, num_blocks: int, train_tokens: int | None = None,
+              tier: str = "hard") -> dict:
     """Load each trained model (name -> folder), score the `num_blocks` held-out blocks of seed `seed`, and count
-    the facts stated in the first `train_tokens` tokens of that seed's training stream."""
+    the facts stated in the first `train_tokens` tokens of that seed's training stream (None: the largest
+    `tokens_seen` of the models' runs; a run reads its stream's blocks in order, `EmbeddedData.sample`)."""
+    if num_blocks < 1:
+        raise ValueError(f"--blocks must be at least 1, got {num_blocks}")
     loaded = {}
     for name, path in models.items():
         if not os.path.isdir(path):
             raise FileNotFoundError(f"--models {name}={path}: no such folder (give a trained run's final/ folder)")
         model, tokenizer = load_any(path)
         loaded[name] = model, tokenizer.get_vocab()
-    seq_len = next(iter(loaded.values()))[0].config.max_position_embeddings
-    held_out = [block(_validation_namespace(seed), i, seq_len, tier) for i in range(num_blocks)]
+    lengths = {name: model.config.max_position_embeddings for name, (model, _) in loaded.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"the models have different sequence lengths ({lengths}): compare models of one preset")
+    seq_len = next(iter(lengths.values()))
+    if train_tokens is None:
+        seen = [t for t in map(tokens_seen, models.values()) if t is not None]
+        if not seen:
+            raise ValueError("no model folder sits in a run with a summary.json: give --train_tokens")
+        train_tokens = max(seen)
+    held_out = [block(validation_namespace(seed), i, seq_len, tier) for i in range(num_blocks)]
     train_blocks = math.ceil(train_tokens / seq_len)
-    exposures = statements_per_fact(block(_train_namespace(seed), i, seq_len, tier) for i in range(train_blocks))
+    exposures = statements_per_fact(block(train_namespace(seed), i, seq_len, tier) for i in range(train_blocks))
     rows: dict[str, dict[str, Sums]] = {}
     for name, (model, vocab) in loaded.items():
         sums = {c: Sums() for c in CATEGORIES}
@@ -164,7 +186,8 @@ def markdown(report: dict, command: str) -> str:
              "Each model column: its excess loss over the generator on that kind of token (nats/token), then "
              "in brackets that kind's contribution to the model's loss minus the floor (share x excess); the "
              "contributions add up to the last row.", "",
-             "| kind of token | share | floor (nats) | statements per fact in training | "
+             f"| kind of token | share | floor (nats) | statements per fact in {report['train_tokens']:,} training "
+             "tokens (mean over the bucket) | "
              + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
     for c, entry in report["categories"].items():
         seen = report["statements_per_fact"].get(c)
@@ -190,15 +213,23 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", type=_model_arg, required=True, metavar="NAME=FOLDER")
     p.add_argument("--seed", type=int, required=True, help="the runs' training seed (its validation stream)")
-    p.add_argument("--blocks", type=int, default=256, help="held-out blocks to score")
-    p.add_argument("--train_tokens", type=int, required=True, help="the runs' training tokens (for exposures)")
+    p.add_argument("--tier", default="hard", choices=TIERS, help="the embedded corpus's tier the models trained on")
+    p.add_argument("--blocks", type=int, default=256,
+                   help="held-out blocks to score, the first of the seed's validation stream (a grid run validates "
+                        "on its first micro-batch x eval_batches: 128 at debug; more here for a smaller error)")
+    p.add_argument("--train_tokens", type=int,
+                   help="count fact statements in this many training tokens (default: the largest tokens_seen in "
+                        "the models' runs' summary.json)")
     p.add_argument("--out", help="write the report as JSON here")
     p.add_argument("--benchmarks_md", help="replace this file's loss-breakdown section with the table")
-    p.add_argument("--section", default="loss-breakdown:debug:embedded-hard", help="the section's key")
+    p.add_argument("--section", help="the section's key (default: loss-breakdown:PRESET-SEQ:embedded-TIER)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    names = [name for name, _ in args.models]
+    if len(set(names)) < len(names):
+        sys.exit(f"loss_breakdown: each --models NAME must be unique, got {', '.join(names)}")
     try:
-        report = breakdown(dict(args.models), args.seed, args.blocks, args.train_tokens)
+        report = breakdown(dict(args.models), args.seed, args.blocks, args.train_tokens, args.tier)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"loss_breakdown: {e}")
     command = "python -m adaptive_ds.loss_breakdown " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -208,7 +239,9 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
     if args.benchmarks_md:
-        replace_section(args.benchmarks_md, args.section, text, "Where the loss goes, debug on embedded:hard")
+        where = f"seq {report['seq_len']} on embedded:{report['tier']}"
+        replace_section(args.benchmarks_md, args.section or f"loss-breakdown:{report['seq_len']}:{report['tier']}",
+                        text, f"Where the loss goes, {where}")
 
 
 if __name__ == "__main__":

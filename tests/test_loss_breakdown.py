@@ -1,14 +1,16 @@
 """The loss breakdown: the generator's token kinds checked by parsing documents independently, the categories and
 exposure counts on hand-worked cases, and the model's per-token losses against the model's own HF loss."""
 
+import json
 import random
 import subprocess
 import sys
+from collections import defaultdict
 
 import pytest
 import torch
 
-from adaptive_ds.data import _validation_namespace
+from adaptive_ds.data import build_training_data, validation_namespace
 from adaptive_ds.data.embedded import COMPUTED, COPIED, NAME, NAME_LENGTH, RELATIONS, Document, block, fact_table
 from adaptive_ds.data.embedded import generate_document as generate
 from adaptive_ds.data.tokenizer import embedded_tokenizer
@@ -101,8 +103,8 @@ def test_categories_hand_worked():
 
 
 def test_statements_per_fact_hand_worked():
-    # entity 3 stated twice (two runs of its kind, split by a relation token), entity 3's 2-token value once more
-    # right after another entity's value in a second block, entity 20 once
+    # entity 3 stated three times (two runs of its kind split by a relation token, then a 2-token value right after
+    # entity 20's in a second block), entity 20 twice (once in each block)
     docs = [Document(list("abcdefg"), [0.0] * 7, ["", "fact:3", "fact:3", "", "fact:3", "fact:20", ""]),
             Document(list("abc"), [0.0] * 3, ["fact:20", "fact:3", "fact:3"])]
     got = statements_per_fact(docs)
@@ -111,44 +113,105 @@ def test_statements_per_fact_hand_worked():
     assert got["fact value, entity rank 257-2048"] == 0.0
 
 
-@pytest.mark.parametrize("arch", ["dense", "mod"])
-def test_breakdown_losses_are_the_models_own_loss(tmp_path, arch):
-    """The per-category sums add up to the model's HF loss on the same blocks (each block alone, unpadded: the
-    breakdown pads short blocks in batches) and to the generator's floor computed from the blocks directly."""
+# the categories by hand, from the generator's labels of each predicted token (kinds[1:], aligned with targets)
+def _hand_category(kind: str, logprob: float) -> str:
+    if kind.startswith("fact:"):
+        rank = int(kind[5:]) + 1
+        return ("fact value, entity rank 1-16" if rank <= 16 else "fact value, entity rank 17-256" if rank <= 256
+                else "fact value, entity rank 257-2048")
+    return {NAME: "entity name (Zipf draw)", COMPUTED: "computed digit (sum, product)",
+            COPIED: "copied value (recall)"}.get(kind, "other, determined (p = 1)" if logprob == 0
+                                                  else "other, uncertain")
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe", "mod", "hybrid"])
+def test_breakdown_losses_are_the_models_own_per_token_losses(tmp_path, arch):
+    """Each category's tokens, floor and model loss equal those grouped by hand from the model's per-token losses,
+    each block run alone and unpadded (the breakdown pads short blocks in batches, which must not change a real
+    token's loss: causal attention, causal MoD routing, dropless MoE in eval)."""
     torch.manual_seed(0)
     tokenizer = embedded_tokenizer("hard")
-    model = AdaptiveDSForCausalLM(model_config("debug", arch, len(tokenizer)))
+    model = AdaptiveDSForCausalLM(model_config("debug", arch, len(tokenizer), moe_drop_tokens=False))
     folder = tmp_path / arch
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    blocks = [block(_validation_namespace(5), i, 256, "hard") for i in range(20)]
+    blocks = [block(validation_namespace(5), i, 256, "hard") for i in range(20)]
     assert len({len(b.tokens) for b in blocks}) > 1  # some are short: padding is exercised
-    model.eval()
-    total, count, floor = 0.0, 0, 0.0
+    model = AdaptiveDSForCausalLM.from_pretrained(folder).eval()
+    expected = defaultdict(lambda: [0, 0.0, 0.0])  # category -> tokens, floor, model
+    total, count = 0.0, 0
     with torch.no_grad():
         for b in blocks:
             ids = torch.tensor([tokenizer.convert_tokens_to_ids(b.tokens)])
-            n = len(b.tokens) - 1
-            total += model(input_ids=ids, labels=ids).loss.item() * n
-            count += n
-            floor -= sum(b.logprobs[1:])
+            out = model(input_ids=ids, labels=ids)
+            nll = torch.nn.functional.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:], reduction="none")
+            for kind, logprob, loss in zip(b.kinds[1:], b.logprobs[1:], nll.tolist(), strict=True):
+                e = expected[_hand_category(kind, logprob)]
+                e[0], e[1], e[2] = e[0] + 1, e[1] - logprob, e[2] + loss
+            if arch in ("dense", "mod"):  # the MoE archs' HF loss adds the router's aux loss
+                assert out.loss.item() == pytest.approx(nll.mean().item(), rel=1e-6)
+            total += nll.sum().item()
+            count += len(b.tokens) - 1
     report = breakdown({"m": str(folder)}, seed=5, num_blocks=20, train_tokens=2560)
     assert report["tokens"] == count
     assert report["totals"]["m"]["loss"] == pytest.approx(total / count, rel=1e-5)
-    assert report["totals"]["m"]["floor"] == pytest.approx(floor / count, rel=1e-12)
+    assert set(expected) <= set(report["categories"]) and list(report["categories"]) == list(CATEGORIES)
+    for name, entry in report["categories"].items():
+        tokens, floor, loss = expected.get(name, (0, 0.0, 0.0))
+        assert entry["tokens"] == tokens, name
+        if tokens:
+            assert entry["floor"] == pytest.approx(floor / tokens, abs=1e-12), name
+            assert entry["models"]["m"]["loss"] == pytest.approx(loss / tokens, rel=1e-5), name
     contributions = sum(c["models"]["m"]["contribution"] for c in report["categories"].values())
-    assert contributions == pytest.approx(total / count - floor / count, rel=1e-5)
-    assert sum(c["tokens"] for c in report["categories"].values()) == count
-    assert list(report["categories"]) == list(CATEGORIES)
+    assert contributions == pytest.approx(report["totals"]["m"]["loss"] - report["totals"]["m"]["floor"], rel=1e-9)
+
+
+def test_exposures_are_counted_on_the_blocks_training_reads(tmp_path):
+    """Statements per fact in a run's first N tokens, from the ids the training data really serves (its samples,
+    read in order), parsed independently; the token budget read from the run's summary.json."""
+    seq_len, seed, tokens = 256, 5, 40 * 256
+    data = build_training_data("embedded:hard", seq_len, seed)
+    statements = defaultdict(int)
+    for index in range(tokens // seq_len):
+        stream = data.tokenizer.convert_ids_to_tokens(list(data.sample(index)))
+        assert stream[-1] == "<eos>"  # whole documents: the parser needs them
+        start = 0
+        for i, t in enumerate(stream):
+            if t == "<eos>":
+                doc = stream[start:i + 1]
+                kinds = _expected_kinds(doc)
+                for j, kind in enumerate(kinds):
+                    if kind.startswith("fact:") and doc[j - 1] in RELATIONS:  # a value's first token
+                        statements[_hand_category(kind, 0.0)] += 1
+                start = i + 1
+    assert sum(statements.values()) > 20
+    tokenizer = embedded_tokenizer("hard")
+    run = tmp_path / "run"
+    AdaptiveDSForCausalLM(model_config("debug", "dense", len(tokenizer))).save_pretrained(run / "final")
+    tokenizer.save_pretrained(run / "final")
+    (run / "summary.json").write_text(json.dumps({"tokens_seen": tokens}))
+    report = breakdown({"m": str(run / "final")}, seed=seed, num_blocks=2)
+    assert report["train_tokens"] == tokens
+    sizes = {"fact value, entity rank 1-16": 16, "fact value, entity rank 17-256": 240,
+             "fact value, entity rank 257-2048": 1792}
+    for name, size in sizes.items():
+        assert report["statements_per_fact"][name] == pytest.approx(statements[name] / (size * len(RELATIONS)))
 
 
 def test_bad_input_is_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "adaptive_ds.loss_breakdown", "--models",
-                          f"dense={tmp_path / 'nowhere'}", "--seed", "1", "--train_tokens", "1000"],
-                         capture_output=True, text=True)
+                          f"dense={tmp_path / 'nowhere'}", "--seed", "1"], capture_output=True, text=True)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1] == (f"loss_breakdown: --models dense={tmp_path / 'nowhere'}: no such "
                                                     "folder (give a trained run's final/ folder)")
     run = subprocess.run([sys.executable, "-m", "adaptive_ds.loss_breakdown", "--models", "dense",
-                          "--seed", "1", "--train_tokens", "1000"], capture_output=True, text=True)
+                          "--seed", "1"], capture_output=True, text=True)
     assert run.returncode == 2 and "expected NAME=FOLDER" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "adaptive_ds.loss_breakdown", "--models", f"a={tmp_path}",
+                          f"a={tmp_path}", "--seed", "1"], capture_output=True, text=True)
+    assert run.returncode != 0 and run.stderr.strip().splitlines()[-1] == (
+        "loss_breakdown: each --models NAME must be unique, got a, a")
+    run = subprocess.run([sys.executable, "-m", "adaptive_ds.loss_breakdown", "--models", f"a={tmp_path}",
+                          "--seed", "1", "--blocks", "0"], capture_output=True, text=True)
+    assert run.returncode != 0 and run.stderr.strip().splitlines()[-1] == (
+        "loss_breakdown: --blocks must be at least 1, got 0")

@@ -156,10 +156,10 @@ class EmbeddedData(IndexedData):
         return [vocab[t] for t in block(namespace, index, self.seq_len, self.tier).tokens]
 
     def sample(self, index: int) -> list[int]:
-        return self._ids(_train_namespace(self.seed), index)
+        return self._ids(train_namespace(self.seed), index)
 
     def validation_blocks(self) -> Iterator[list[int]]:
-        namespace = _validation_namespace(self.seed)
+        namespace = validation_namespace(self.seed)
         return (self._ids(namespace, i) for i in itertools.count())
 
 
@@ -216,11 +216,11 @@ class PreparedData(IndexedData):
         return {**super().summary(), "data_shares": shares}
 
 
-def _train_namespace(seed: int) -> str:
+def train_namespace(seed: int) -> str:
     return f"train-{seed}"
 
 
-def _validation_namespace(seed: int) -> str:
+def validation_namespace(seed: int) -> str:
     # Distinct from the training stream's, so validation never shares a block with training.
     return f"validation-{seed}"
 
@@ -282,7 +282,7 @@ def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "
         raise ValueError(problems[0])
     if source in EMBEDDED_SOURCES:
         tier = EMBEDDED_SOURCES[source]
-        statistics = corpus_statistics(seq_len, _validation_namespace(seed), tier=tier)
+        statistics = corpus_statistics(seq_len, validation_namespace(seed), tier=tier)
         return EmbeddedData(tier, seq_len, seed, statistics, workers)
     mixture = parse_mixture(source)
     if mixture or is_prepared(source):
