@@ -346,14 +346,19 @@ def _device(price: float | None) -> tuple[str | None, float | None, float | None
     return (key if key != "cpu" else None), (device.peak_tflops if device else None), price
 
 
-def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = None) -> dict:
+def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = None,
+             report_only: bool = False) -> dict:
     """Train (or keep) every variant x seed of `spec`, then write the JSON report and the plots; returns the
-    report. Failed runs are listed in it; GridError when none finished."""
-    finished, failed = [], []
+    report. Failed runs are listed in it; GridError when none finished. `report_only`: train nothing, report the
+    runs that finished and list the others as not run."""
+    finished, failed, not_run = [], [], []
     for variant in spec.variants:
         for seed in spec.seeds:
             run_dir = spec.run_dir(runs_dir, variant, seed)
             kept = os.path.exists(os.path.join(run_dir, "summary.json"))
+            if report_only and not kept:
+                not_run.append({"variant": variant.name, "seed": seed})
+                continue
             failure = execute(spec.training_args(variant, seed), run_dir)
             entry = {"variant": variant.name, "seed": seed, "run_dir": run_dir}
             if failure:
@@ -363,8 +368,9 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
             else:
                 finished.append({**entry, "kept": kept, **load_run(run_dir)})
     if not finished:
-        raise GridError("no run finished; the first failure's log ends:\n" + failed[0]["log_tail"])
-    report = assemble(spec, finished, failed, *_device(price))
+        raise GridError("no run finished; the first failure's log ends:\n" + failed[0]["log_tail"] if failed else
+                        f"no run of this grid has finished in {runs_dir} (--report_only trains nothing)")
+    report = {**assemble(spec, finished, failed, *_device(price)), "not_run": not_run}
     os.makedirs(out_dir, exist_ok=True)
     prefix = os.path.join(out_dir, f"grid_{spec.preset}_{spec.data_name}")
     with open(f"{prefix}.json", "w") as f:
@@ -431,6 +437,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="benchmarks", help="the JSON report and PNG figures")
     p.add_argument("--runs", default="runs/grid", help="the training runs; the same directory continues a grid")
     p.add_argument("--benchmarks_md", default="BENCHMARKS.md")
+    p.add_argument("--report_only", action="store_true",
+                   help="train nothing: report the runs that finished (a grid cut short), list the rest as not run")
     return p.parse_args(argv)
 
 
@@ -469,7 +477,7 @@ def main(argv: list[str] | None = None) -> None:
     failed = []
     for spec in specs(args):
         try:
-            report = run_grid(spec, args.out, args.runs, price=args.price)
+            report = run_grid(spec, args.out, args.runs, price=args.price, report_only=args.report_only)
         except GridError as error:
             raise SystemExit(f"error: {error}") from None
         text = markdown(report)

@@ -260,6 +260,9 @@ def _routing_table(report: dict) -> list[str]:
 
 def _failures(report: dict) -> list[str]:
     lines = []
+    if report.get("not_run"):
+        runs = ", ".join(f"`{r['variant']}` seed {r['seed']}" for r in report["not_run"])
+        lines += ["", f"Not run (reported with `--report_only`, the grid cut short): {runs}."]
     for f in report["failed"]:
         tail = "\n".join(f["log_tail"].strip().splitlines()[-8:])
         lines += ["", f"Failed: `{f['variant']}` seed {f['seed']} (exit {f['exit']}, log `{f['log']}`; the same "

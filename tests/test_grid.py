@@ -301,6 +301,12 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
     assert "unknown model field(s) no_such_field" in failure["log_tail"]
     assert os.path.exists(os.path.join(f"{partial}.failed", "metrics.jsonl"))  # the earlier attempt, set aside
     assert "unknown model field(s) no_such_field" in markdown(again)
+    # --report_only: the finished run is reported, the unfinished one neither trained nor set aside again
+    cut = run_grid(GridSpec("debug", (parse_variant("mod"), parse_variant("dense")), (1,), 4096, config,
+                            warmup_steps=5), out, runs, report_only=True)
+    assert [r["variant"] for r in cut["runs"]] == ["mod"] and cut["not_run"] == [{"variant": "dense", "seed": 1}]
+    assert not os.path.exists(spec.run_dir(runs, parse_variant("dense"), 1)) and cut["failed"] == []
+    assert "Not run (reported with `--report_only`, the grid cut short): `dense` seed 1." in markdown(cut)
 
 
 def test_a_section_is_written_into_a_new_file_and_replaced_in_place_later(tmp_path):
