@@ -73,12 +73,17 @@ VARIANTS: dict[str, dict] = {
     "moe:top1": {"arch": "moe", "model": {"num_experts_per_tok": 1}},
     # fine-grained at dense's active FLOPs: 32 experts of a quarter width, top-4
     "moe:fine1": {"arch": "moe", "model": {"moe_expert_granularity": 4, "num_experts_per_tok": 1}},
+    "moe:fine1-dropless": {"arch": "moe", "model": {"moe_expert_granularity": 4, "num_experts_per_tok": 1,
+                                                   "moe_drop_tokens": False}},
     # no balancing loss, and no controller raising its coefficient back
     "moe:noaux": {"arch": "moe", "model": {"router_aux_loss_coef": 0.0}, "controller": {"moe_balance": False}},
+    # dropless MoE blocks: the hybrid's default since it routes top-1 dropless; kept for the grid that named it
     "hybrid:dropless": {"arch": "hybrid", "model": {"moe_drop_tokens": False}},
-    # the hybrid with MoE blocks at dense's active FLOPs (top-1; fine-grained top-4 of 32)
-    "hybrid:top1": {"arch": "hybrid", "model": {"num_experts_per_tok": 1}},
-    "hybrid:fine1": {"arch": "hybrid", "model": {"moe_expert_granularity": 4, "num_experts_per_tok": 1}},
+    # the hybrid's MoE blocks at top-1 with capacity-limited routing (its default is top-1 dropless)
+    "hybrid:top1": {"arch": "hybrid", "model": {"num_experts_per_tok": 1, "moe_drop_tokens": True}},
+    # the hybrid's default before top-1 dropless: the paper's MoD around top-2 capacity-limited MoE blocks
+    "hybrid:top2": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 2,
+                                                "moe_drop_tokens": True}},
     # auxiliary-loss-free balancing by a routing bias (DeepSeek-V3, arXiv 2412.19437)
     "moe:bias": {"arch": "moe", "model": {"moe_balancing": "bias"}},
     # fine-grained experts: 4x as many, a quarter as wide, top-8 (DeepSeekMoE, arXiv 2401.06066): same active FLOPs
@@ -97,8 +102,9 @@ VARIANTS: dict[str, dict] = {
     # the MoD routing of `mod` (the paper's setting) around MoE blocks: the same as `hybrid` since that became
     # hybrid's default; kept for the grid that named it (BENCHMARKS.md)
     "hybrid:paper": {"arch": "hybrid", "model": MODEL_VARIANTS["mod_paper"]},
-    # capacity 0.5 in every block: hybrid's default before the follow-up grid measured the paper's setting better
-    "hybrid:half": {"arch": "hybrid", "model": MODEL_VARIANTS["mod_half"]},
+    # capacity 0.5 in every block around top-2 capacity-limited MoE: hybrid's first default
+    "hybrid:half": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2,
+                                                "moe_drop_tokens": True}},
 }
 
 

@@ -191,8 +191,8 @@ def _advice(layout: Layout, peak: float, capacity: float, with_ckpt: float, stat
 # slice of an H200, torch.cuda.max_memory_allocated). CPU rows: `python -m adaptive_ds.benchmark --memory
 # --preset debug_200m --cases ARCH --micro_batch N [--checkpointing] [--experts 4]` on the 2-core CPU machine
 # (fp32, ZeRO-1, embedded vocab 128; peak RSS minus the RSS before the model was built), 2026-11-30. The mod and
-# hybrid rows ran at MoD capacity 0.5 in every block (then mod's default, the benchmark's cases still), so they
-# name it.
+# hybrid rows ran at MoD capacity 0.5 in every block (then mod's default, the benchmark's cases still), the hybrid
+# around top-2 MoE blocks, so they name it.
 MEASURED = [
     {"device": "cuda", "hardware": "H200 capped at 15 GiB (a T4's memory)", "preset": "b1", "arch": "dense",
      "vocab_size": 32000, "checkpointing": True, "gib": 4.76,
@@ -220,7 +220,7 @@ MEASURED = [
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases moe --micro_batch 1 --experts 4"},
     {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
      "arch": "hybrid", "vocab_size": 128, "checkpointing": True,
-     "model": {"num_local_experts": 4, **MODEL_VARIANTS["mod_half"]},
+     "model": {"num_local_experts": 4, **MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2},
      "gib": 14.08, "ds_config": {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}},
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases hybrid --micro_batch 4 "
                "--checkpointing --experts 4"},

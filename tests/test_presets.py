@@ -36,6 +36,16 @@ def test_mod_and_hybrid_ship_with_the_papers_setting(preset):
         assert [i for i in range(layers) if config.is_mod_layer(i)] == list(range(1, layers, 2))
 
 
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_the_hybrid_routes_top1_dropless_and_moe_keeps_the_presets_top2(preset):
+    # the hybrid's MoE blocks: one expert per token, no capacity drops (BENCHMARKS.md, "MoE at dense's active
+    # FLOPs"); the moe architecture keeps the preset's 8 experts top-2 with capacity-limited training routing
+    hybrid, moe = model_config(preset, "hybrid", 32000), model_config(preset, "moe", 32000)
+    assert (hybrid.num_experts_per_tok, hybrid.moe_drop_tokens) == (1, False)
+    assert (moe.num_experts_per_tok, moe.moe_drop_tokens, moe.num_local_experts) == (2, True, 8)
+    assert hybrid.num_local_experts == 8 and hybrid.moe_expert_granularity == moe.moe_expert_granularity == 1
+
+
 def test_explicit_overrides_win_over_the_architectures_defaults():
     quarter = model_config("b1", "mod", 32000, mod_capacity=0.25)
     assert (quarter.mod_capacity, quarter.mod_layer_interval) == (0.25, 2)
