@@ -54,8 +54,9 @@ ARCH_DEFAULTS: dict[str, dict] = {
     # against 2.0686 +- 0.1381 at capacity 0.5 in every block), around MoE blocks that route each token to one
     # expert, dropless: the hybrid setting that measured best per FLOP (BENCHMARKS.md, "MoE at dense's active
     # FLOPs"; 3 seeds): better than dense trained on the same FLOPs by 0.050 +- 0.017 nats at 500k tokens and by
-    # 0.043 +- 0.014 at 2M ("Longer budget"), where top-2 with capacity-limited routing (the default before) trailed its iso-FLOP dense
-    # (+0.012) and capacity-limited top-1 dropped 26% of the routed tokens (2.16).
+    # 0.043 +- 0.014 at 2M ("Longer budget"), where top-2 with capacity-limited routing (the default before)
+    # trailed its iso-FLOP dense (+0.012) and capacity-limited top-1 dropped 26% of the routed tokens (2.16).
+    # It still trails mod alone on the same FLOPs (README, "Which architecture for which budget").
     "hybrid": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 1, "moe_drop_tokens": False},
 }
 
