@@ -77,13 +77,13 @@ VARIANTS: dict[str, dict] = {
                                                    "moe_drop_tokens": False}},
     # no balancing loss, and no controller raising its coefficient back
     "moe:noaux": {"arch": "moe", "model": {"router_aux_loss_coef": 0.0}, "controller": {"moe_balance": False}},
-    # dropless MoE blocks: the hybrid's default since it routes top-1 dropless; kept for the grid that named it
-    "hybrid:dropless": {"arch": "hybrid", "model": {"moe_drop_tokens": False}},
+    # The hybrid variants below name every field its defaults have moved through (MoD capacity and interval, top-k,
+    # drop policy), so each still trains what it trained in the BENCHMARKS.md grid that named it.
+    # capacity 0.5 in every block around top-2 dropless MoE (the first grid)
+    "hybrid:dropless": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2,
+                                                    "moe_drop_tokens": False}},
     # the hybrid's MoE blocks at top-1 with capacity-limited routing (its default is top-1 dropless)
     "hybrid:top1": {"arch": "hybrid", "model": {"num_experts_per_tok": 1, "moe_drop_tokens": True}},
-    # the hybrid's default before top-1 dropless: the paper's MoD around top-2 capacity-limited MoE blocks
-    "hybrid:top2": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 2,
-                                                "moe_drop_tokens": True}},
     # auxiliary-loss-free balancing by a routing bias (DeepSeek-V3, arXiv 2412.19437)
     "moe:bias": {"arch": "moe", "model": {"moe_balancing": "bias"}},
     # fine-grained experts: 4x as many, a quarter as wide, top-8 (DeepSeekMoE, arXiv 2401.06066): same active FLOPs
@@ -99,9 +99,10 @@ VARIANTS: dict[str, dict] = {
     # causal routing by the detached predictor MLP (the default before router-logit routing)
     "mod:predictor": {"arch": "mod", "model": {"mod_causal_routing": "predictor"}},
     "hybrid:predictor": {"arch": "hybrid", "model": {"mod_causal_routing": "predictor"}},
-    # the MoD routing of `mod` (the paper's setting) around MoE blocks: the same as `hybrid` since that became
-    # hybrid's default; kept for the grid that named it (BENCHMARKS.md)
-    "hybrid:paper": {"arch": "hybrid", "model": MODEL_VARIANTS["mod_paper"]},
+    # the MoD routing of `mod` (the paper's setting) around top-2 capacity-limited MoE blocks: the hybrid's default
+    # before top-1 dropless
+    "hybrid:paper": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 2,
+                                                 "moe_drop_tokens": True}},
     # capacity 0.5 in every block around top-2 capacity-limited MoE: hybrid's first default
     "hybrid:half": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2,
                                                 "moe_drop_tokens": True}},

@@ -51,12 +51,13 @@ ARCH_DEFAULTS: dict[str, dict] = {
     # 0.097 +- 0.034 nats better than dense trained on the same FLOPs, where capacity 0.5 only ties it.
     "mod": MODEL_VARIANTS["mod_paper"],
     # The same MoD setting (BENCHMARKS.md, "Follow-up grid: hybrid at the paper's MoD setting": 1.8689 +- 0.0185
-    # against 2.0686 +- 0.1381 at capacity 0.5 in every block), around MoE blocks that route each token to one
-    # expert, dropless: the hybrid setting that measured best per FLOP (BENCHMARKS.md, "MoE at dense's active
-    # FLOPs"; 3 seeds): better than dense trained on the same FLOPs by 0.050 +- 0.017 nats at 500k tokens and by
-    # 0.043 +- 0.014 at 2M ("Longer budget"), where top-2 with capacity-limited routing (the default before)
-    # trailed its iso-FLOP dense (+0.012) and capacity-limited top-1 dropped 26% of the routed tokens (2.16).
-    # It still trails mod alone on the same FLOPs (README, "Which architecture for which budget").
+    # with top-2 MoE blocks, against 2.0686 +- 0.1381 at capacity 0.5 in every block), around MoE blocks that route
+    # each token to one expert, dropless: the hybrid setting that measured best per FLOP (BENCHMARKS.md, "MoE at
+    # dense's active FLOPs"; 3 seeds): 1.9129 +- 0.0170, better than dense trained on the same FLOPs by 0.050 +-
+    # 0.017 nats at 500k tokens and by 0.043 +- 0.014 at 2M ("Longer budget"), where top-2 with capacity-limited
+    # routing (the default before) tied its iso-FLOP dense (+0.012 +- 0.013) and capacity-limited top-1 dropped
+    # 26% of the routed tokens (2.16). Mod alone is better still at 500k (README, "Which architecture...").
+    # The brief fixes the moe architecture's "8 experts top-2"; it leaves the hybrid's top-k open.
     "hybrid": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 1, "moe_drop_tokens": False},
 }
 

@@ -321,3 +321,18 @@ def test_a_mod_checkpoint_without_the_capacity_fields_resumes_as_capacity_half_i
     default = {"arch": "mod", "model": json.loads(json.dumps(model_config("debug", "mod", 128).to_dict()))}
     with pytest.raises(CheckpointError, match=r"model.mod_capacity 0.5 \(this run: 0.125\)"):
         checkpoint.check_compatible(completed, default, "ckpt")
+
+
+def test_a_hybrid_checkpoint_of_the_old_top2_default_is_refused_and_resumes_when_asked_for():
+    # the hybrid's MoE blocks routed top-2 capacity-limited until top-1 dropless became its default (presets.py
+    # ARCH_DEFAULTS): a saved identity records both fields, so today's default refuses it in one line, naming them,
+    # and a run that asks for the old routing resumes it.
+    old = {"arch": "hybrid", "model": json.loads(json.dumps(
+        model_config("debug", "hybrid", 128, num_experts_per_tok=2, moe_drop_tokens=True).to_dict()))}
+    default = {"arch": "hybrid", "model": json.loads(json.dumps(model_config("debug", "hybrid", 128).to_dict()))}
+    with pytest.raises(CheckpointError, match=r"model.num_experts_per_tok 2 \(this run: 1\); "
+                                              r"model.moe_drop_tokens True \(this run: False\)"):
+        checkpoint.check_compatible(old, default, "ckpt")
+    asked = {"arch": "hybrid", "model": json.loads(json.dumps(model_config(
+        "debug", "hybrid", 128, **{"num_experts_per_tok": 2, "moe_drop_tokens": True}).to_dict()))}
+    checkpoint.check_compatible(old, asked, "ckpt")

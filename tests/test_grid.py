@@ -214,6 +214,20 @@ def test_mod_variants_train_the_setting_they_name(tmp_path, name, capacity, inte
     assert (config.mod_capacity, config.mod_layer_interval) == (capacity, interval)
 
 
+@pytest.mark.parametrize(("name", "top_k", "drop", "capacity"), [
+    ("hybrid", 1, False, 0.125), ("hybrid:top1", 1, True, 0.125), ("hybrid:paper", 2, True, 0.125),
+    ("hybrid:half", 2, True, 0.5), ("hybrid:dropless", 2, False, 0.5), ("moe", 2, True, None),
+    ("moe:fine1-dropless", 4, False, None)])
+def test_moe_variants_train_the_routing_they_name(tmp_path, name, top_k, drop, capacity):
+    # what each hybrid variant trained in the grid that named it, whatever the hybrid's defaults are now
+    spec = GridSpec("debug", (parse_variant(name),), (1,), 4096, write_ds_config(tmp_path))
+    settings, _ = parse(spec.training_args(spec.variants[0], 1) + ["--output_dir", str(tmp_path / "run")], 1)
+    config = model_config(settings.preset, settings.arch, 128, **settings.model)
+    assert (config.num_experts_per_tok * config.moe_expert_granularity, config.moe_drop_tokens) == (top_k, drop)
+    if capacity is not None:
+        assert config.mod_capacity == capacity
+
+
 def test_a_change_of_an_architectures_defaults_trains_its_runs_anew(tmp_path, monkeypatch):
     config = write_ds_config(tmp_path)
     names = ("dense", "mod", "mod:half", "hybrid")

@@ -37,9 +37,13 @@ def test_each_architecture_writes_the_output_contract(arch, tmp_path):
         assert {"step", "loss", "lr", "tokens_per_s"} <= set(m) and math.isfinite(m["loss"])
         if arch in ("moe", "hybrid"):
             moe = m["moe"]
-            # 2 micro-batches x 4 x 256 tokens per step, 2 steps a window, top-2, every layer (MoD halves it)
+            # 2 micro-batches x 4 x 256 tokens per step, 2 steps a window, every layer (MoD halves it); moe routes
+            # top-2, the hybrid top-1 (its default)
             tokens = 2 * 2 * 4 * 256 * (0.5 if arch == "hybrid" else 1.0)
-            assert sum(moe["tokens_per_expert"]) == 2 * tokens * 4
+            top_k = 1 if arch == "hybrid" else 2
+            assert sum(moe["tokens_per_expert"]) == top_k * tokens * 4
+            if arch == "hybrid":
+                assert moe["dropped_fraction"] == 0  # dropless
             assert 0 < moe["load_balance"] <= 1 and 0 <= moe["dropped_fraction"] < 1
             assert moe["z_loss"] > 0 and moe["aux_loss"] > 0 and isinstance(moe["dead_experts"], list)
         if arch in ("mod", "hybrid"):
