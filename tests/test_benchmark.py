@@ -33,14 +33,24 @@ def test_generation_benchmark_measures_each_case_at_equal_length(tmp_path):
     for name, param in trained.named_parameters():
         if name.endswith("router.weight"):
             torch.nn.init.zeros_(param)  # a router that routes nothing: random ones route about half
-    trained.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    report = measure_generation("debug", ["dense", "mod"], batch=2, prompt_len=4, new_tokens=3, rounds=1,
-                                trained={"mod": str(tmp_path)})
-    dense, mod = report["results"]["dense"], report["results"]["mod"]
-    assert dense["tokens_per_s"] > 0 and mod["tokens_per_s"] > 0 and set(report["ratios"]) == {"mod/dense"}
-    assert dense["routed"] == [] and mod["routed"] == [0.0] * 4 and mod["trained"] == str(tmp_path)
-    assert dense["equal_without_cache"] and mod["equal_without_cache"]
+    trained.save_pretrained(tmp_path / "mod")
+    tokenizer.save_pretrained(tmp_path / "mod")
+    # the hybrid at its defaults (MoD in every other block, top-1 dropless), its routers routing some tokens
+    hybrid = AdaptiveDSForCausalLM(model_config("debug", "hybrid", len(tokenizer)))
+    for name, param in hybrid.named_parameters():
+        if name.endswith("router.weight"):
+            torch.nn.init.normal_(param, std=1.0)
+    hybrid.save_pretrained(tmp_path / "hybrid")
+    tokenizer.save_pretrained(tmp_path / "hybrid")
+    report = measure_generation("debug", ["dense", "mod", "hybrid"], batch=2, prompt_len=4, new_tokens=6, rounds=1,
+                                trained={"mod": str(tmp_path / "mod"), "hybrid": str(tmp_path / "hybrid")})
+    dense, mod, hyb = (report["results"][name] for name in ("dense", "mod", "hybrid"))
+    assert dense["tokens_per_s"] > 0 and mod["tokens_per_s"] > 0 and set(report["ratios"]) == {"mod/dense",
+                                                                                                "hybrid/dense"}
+    assert dense["routed"] == [] and mod["routed"] == [0.0] * 4 and mod["trained"] == str(tmp_path / "mod")
+    # cached generation equals uncached where routing really skips some tokens and runs others
+    assert len(hyb["routed"]) == 2 and all(0 < r < 1 for r in hyb["routed"])
+    assert dense["equal_without_cache"] and mod["equal_without_cache"] and hyb["equal_without_cache"]
 
 
 def test_peak_memory_measures_a_case_with_its_model_settings(capsys):

@@ -96,9 +96,11 @@ def test_the_block_runs_on_the_routed_tokens_only_and_caches_only_them(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(("arch", "top_k"), [("mod", 2), ("hybrid", 2), ("hybrid", 1)])  # hybrid ships top-1
-def test_cached_generation_of_a_padded_batch_equals_the_full_forward_and_each_sequence_alone(arch, top_k, mode):
-    model = causal_model(arch, mode, num_experts_per_tok=top_k)
+@pytest.mark.parametrize(("arch", "top_k", "interval"), [("mod", 2, 1), ("hybrid", 2, 1), ("hybrid", 1, 1),
+                                                         ("mod", 2, 2), ("hybrid", 1, 2)])  # the shipped defaults
+def test_cached_generation_of_a_padded_batch_equals_the_full_forward_and_each_sequence_alone(arch, top_k, interval,
+                                                                                              mode):
+    model = causal_model(arch, mode, num_experts_per_tok=top_k, mod_layer_interval=interval, mod_capacity=0.125)
     prompts, mask, lengths = padded_batch()
     steps = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, output_logits=True,
                  return_dict_in_generate=True)
