@@ -55,8 +55,9 @@ ARCH_DEFAULTS: dict[str, dict] = {
     # each token to one expert, dropless: the hybrid setting that measured best per FLOP (BENCHMARKS.md, "MoE at
     # dense's active FLOPs"; 3 seeds): 1.9129 +- 0.0170, better than dense trained on the same FLOPs by 0.050 +-
     # 0.017 nats at 500k tokens and by 0.043 +- 0.014 at 2M ("Longer budget"), where top-2 with capacity-limited
-    # routing (the default before) tied its iso-FLOP dense (+0.012 +- 0.013) and capacity-limited top-1 dropped
-    # 26% of the routed tokens (2.16). Mod alone is better still at 500k (README, "Which architecture...").
+    # routing (the default before) tied its iso-FLOP dense (+0.012 +- 0.013; at 2M it lost, +0.016 +- 0.003) and
+    # capacity-limited top-1 dropped 26% of the routed tokens (2.16). Mod alone is better still at 500k (README,
+    # "Which architecture for which budget").
     # The brief fixes the moe architecture's "8 experts top-2"; it leaves the hybrid's top-k open.
     "hybrid": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 1, "moe_drop_tokens": False},
 }
