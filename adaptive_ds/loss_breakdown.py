@@ -33,13 +33,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .data import train_namespace, validation_namespace
-from .data.embedded import COMPUTED, COPIED, FACT, NAME, NUM_ENTITIES, PAD, RELATIONS, TIERS, Document, block
+from .data import EMBEDDED_SOURCES, build_training_data, train_namespace, validation_namespace
+from .data.embedded import COMPUTED, COPIED, FACT, NAME, NUM_ENTITIES, RELATIONS, TIERS, Document, block
 from .export import load_any
 from .report import commit, machine, replace_section
 
 logger = logging.getLogger(__name__)
 
+BATCH_SIZE = 16  # held-out rows per forward
 # Fact values by their entity's Zipf rank (from 0): the head is stated often, the tail rarely.
 FACT_BUCKETS = ((0, 16), (16, 256), (256, NUM_ENTITIES))
 
@@ -51,21 +52,27 @@ def fact_bucket(entity: int) -> str:
     raise ValueError(f"entity {entity} is outside the table (0..{NUM_ENTITIES - 1})")
 
 
-CATEGORIES = tuple(fact_bucket(lo) for lo, _ in FACT_BUCKETS) + (
-    "entity name (Zipf draw)", "computed digit (sum, product)", "copied value (recall)",
-    "other, determined (p = 1)", "other, uncertain")
+NAMED_KINDS = {NAME: "entity name (Zipf draw)", COMPUTED: "computed digit (sum, product)",
+               COPIED: "copied value (recall)"}
+DETERMINED, UNCERTAIN = "other, determined (p = 1)", "other, uncertain"
+CATEGORIES = (*(fact_bucket(lo) for lo, _ in FACT_BUCKETS), *NAMED_KINDS.values(), DETERMINED, UNCERTAIN)
+
+
+def fact_entity(kind: str) -> int | None:
+    """The entity of a fact value's kind ("fact:17" -> 17); None for any other kind."""
+    return int(kind.split(":", 1)[1]) if kind.startswith(FACT + ":") else None
 
 
 def category(kind: str, logprob: float) -> str:
     """The breakdown's category of a token of `kind` (Document.kinds) with generator log-probability `logprob`."""
-    if kind.startswith(FACT + ":"):
-        return fact_bucket(int(kind.split(":", 1)[1]))
-    named = {NAME: CATEGORIES[3], COMPUTED: CATEGORIES[4], COPIED: CATEGORIES[5]}
-    if kind in named:
-        return named[kind]
+    entity = fact_entity(kind)
+    if entity is not None:
+        return fact_bucket(entity)
+    if kind in NAMED_KINDS:
+        return NAMED_KINDS[kind]
     if kind:
         raise ValueError(f"unknown token kind {kind!r}")
-    return CATEGORIES[6] if logprob == 0.0 else CATEGORIES[7]
+    return DETERMINED if logprob == 0.0 else UNCERTAIN
 
 
 def statements_per_fact(blocks: Iterable[Document]) -> dict[str, float]:
@@ -76,8 +83,9 @@ def statements_per_fact(blocks: Iterable[Document]) -> dict[str, float]:
     for b in blocks:
         previous = ""
         for kind in b.kinds:
-            if kind.startswith(FACT + ":") and kind != previous:
-                statements[fact_bucket(int(kind.split(":", 1)[1]))] += 1
+            entity = fact_entity(kind)
+            if entity is not None and kind != previous:
+                statements[fact_bucket(entity)] += 1
             previous = kind
     return {fact_bucket(lo): statements[fact_bucket(lo)] / ((hi - lo) * len(RELATIONS)) for lo, hi in FACT_BUCKETS}
 
@@ -92,25 +100,18 @@ class Sums:
 
 
 @torch.no_grad()
-def model_nll(model, vocab: dict[str, int], blocks: Sequence[Document], batch_size: int = 16) -> list[list[float]]:
-    """The model's NLL (nats) of every predicted token of each block (all but the first), the tokens mapped to ids
-    by `vocab`; MoD blocks route causally (what generation does), MoE is dropless (eval)."""
-    missing = sorted({t for b in blocks for t in b.tokens} - set(vocab))
-    if missing:
-        raise ValueError(f"the model's tokenizer lacks {len(missing)} of the corpus's tokens ({', '.join(missing[:5])}"
-                         "...): it was not trained on this tier of the embedded corpus")
+def model_nll(model, batches: Sequence[dict]) -> list[list[float]]:
+    """The model's NLL (nats) of every predicted token of each row of `batches` (validation batches: rows shorter
+    than the block are padded at the end with labels -100, which no earlier token sees: causal attention, causal
+    MoD routing, dropless MoE), in order, padding dropped; MoD blocks route causally (what generation does)."""
     model.eval()
     model.model.set_mod_routing("causal")
     out = []
-    for first in range(0, len(blocks), batch_size):
-        chunk = blocks[first:first + batch_size]
-        # blocks hold whole documents, so some are shorter: padded at the end, which no earlier token sees (causal
-        # attention, causal MoD routing, dropless MoE), and the padding's losses are dropped
-        width = max(len(b.tokens) for b in chunk)
-        ids = torch.tensor([[vocab[t] for t in b.tokens] + [vocab[PAD]] * (width - len(b.tokens)) for b in chunk])
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").double()
-        out += [row[: len(b.tokens) - 1].tolist() for row, b in zip(nll, chunk, strict=True)]
+    for batch in batches:
+        logits = model(input_ids=batch["input_ids"], use_cache=False).logits[:, :-1].float()
+        labels = batch["labels"][:, 1:]
+        nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none").double()
+        out += [row[kept].tolist() for row, kept in zip(nll, labels != -100, strict=True)]
     return out
 
 
@@ -145,13 +146,20 @@ def breakdown(models: dict[str, str], seed: int, num_blocks: int, train_tokens: 
         if not seen:
             raise ValueError("no model folder sits in a run with a summary.json: give --train_tokens")
         train_tokens = max(seen)
+    # the run's own validation batches (the same blocks, ids and padding), and the same blocks with their kinds
+    data = build_training_data(next(s for s, t in EMBEDDED_SOURCES.items() if t == tier), seq_len, seed, workers=0)
+    for name, (_, vocab) in loaded.items():
+        if vocab != data.tokenizer.get_vocab():
+            raise ValueError(f"--models {name}: its tokenizer is not the embedded:{tier} corpus's (was it trained "
+                             "on another tier or data?)")
+    batches = data.validation_batches(BATCH_SIZE, math.ceil(num_blocks / BATCH_SIZE))
     held_out = [block(validation_namespace(seed), i, seq_len, tier) for i in range(num_blocks)]
     train_blocks = math.ceil(train_tokens / seq_len)
     exposures = statements_per_fact(block(train_namespace(seed), i, seq_len, tier) for i in range(train_blocks))
     rows: dict[str, dict[str, Sums]] = {}
-    for name, (model, vocab) in loaded.items():
+    for name, (model, _) in loaded.items():
         sums = {c: Sums() for c in CATEGORIES}
-        for b, nll in zip(held_out, model_nll(model, vocab, held_out), strict=True):
+        for b, nll in zip(held_out, model_nll(model, batches)[:num_blocks], strict=True):
             for kind, logprob, loss in zip(b.kinds[1:], b.logprobs[1:], nll, strict=True):
                 s = sums[category(kind, logprob)]
                 s.tokens += 1
