@@ -64,6 +64,9 @@ from .report import commit, machine, replace_section
 logger = logging.getLogger(__name__)
 
 PROVENANCE = "grid_provenance.json"  # written into a run's directory when it finishes
+# The hybrid's MoE routing before its top-1 dropless default, named by the variants that trained it.
+_TOP2_CAPACITY = {"num_experts_per_tok": 2, "moe_drop_tokens": True}
+
 # Named variants: an architecture, overrides of AdaptiveDSConfig ("model") and of ControllerSettings
 # ("controller"). The training run checks every field, so an entry is one line here.
 VARIANTS: dict[str, dict] = {
@@ -80,7 +83,7 @@ VARIANTS: dict[str, dict] = {
     # The hybrid variants below name every field its defaults have moved through (MoD capacity and interval, top-k,
     # drop policy), so each still trains what it trained in the BENCHMARKS.md grid that named it.
     # capacity 0.5 in every block around top-2 dropless MoE (the first grid)
-    "hybrid:dropless": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2,
+    "hybrid:dropless": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], **_TOP2_CAPACITY,
                                                     "moe_drop_tokens": False}},
     # the hybrid's MoE blocks at top-1 with capacity-limited routing (its default is top-1 dropless)
     "hybrid:top1": {"arch": "hybrid", "model": {"num_experts_per_tok": 1, "moe_drop_tokens": True}},
@@ -101,11 +104,9 @@ VARIANTS: dict[str, dict] = {
     "hybrid:predictor": {"arch": "hybrid", "model": {"mod_causal_routing": "predictor"}},
     # the MoD routing of `mod` (the paper's setting) around top-2 capacity-limited MoE blocks: the hybrid's default
     # before top-1 dropless
-    "hybrid:paper": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 2,
-                                                 "moe_drop_tokens": True}},
+    "hybrid:paper": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_paper"], **_TOP2_CAPACITY}},
     # capacity 0.5 in every block around top-2 capacity-limited MoE: hybrid's first default
-    "hybrid:half": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2,
-                                                "moe_drop_tokens": True}},
+    "hybrid:half": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], **_TOP2_CAPACITY}},
 }
 
 
