@@ -99,10 +99,13 @@ def _load_data(settings: RunSettings, seq_len: int):
     epoch_blocks = None  # global blocks per epoch: the same subset whatever the number of processes
     if settings.tokens not in (None, "chinchilla") and settings.epochs > 1:
         epoch_blocks = -(-int(settings.tokens) // (settings.epochs * seq_len))
-    return build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
-                               text_field=settings.text_field, hub_config=settings.data_config,
-                               validation_share=settings.validation_share, epoch_blocks=epoch_blocks,
-                               workers=settings.data_workers)
+    try:
+        return build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
+                                   text_field=settings.text_field, hub_config=settings.data_config,
+                                   validation_share=settings.validation_share, epoch_blocks=epoch_blocks,
+                                   workers=settings.data_workers)
+    except ValueError as error:  # bad data is bad input: one line, before anything is written
+        raise ConfigError(str(error)) from None
 
 
 def _command() -> str:
