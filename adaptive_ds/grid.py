@@ -28,9 +28,14 @@ across seeds (`spread`) of:
   where both have two or more seeds in common (`difference`), and a verdict (`verdict`): better or worse only
   beyond two standard deviations, else a tie.
 
-It writes `grid_<preset>_<data>.json`, loss-vs-FLOPs, -seconds and -tokens PNGs (mean over the seeds, band
-min..max), and the Markdown tables into BENCHMARKS.md between ``<!-- grid:<preset>:<data> -->`` markers. The
-statistics, tables and plots are adaptive_ds/grid_tables.py's.
+It writes the report `grid_<preset>_<data>[_<name>].json` and loss-vs-FLOPs, -seconds and -tokens PNGs (mean over
+the seeds, band min..max) into --out, and prints the Markdown tables; the tables go into a Markdown file between
+``<!-- grid:<preset>:<data>[:<name>] -->`` markers only when --benchmarks_md names one. Nothing a user runs
+writes into the repository's committed results unless asked: by default the report lands in the runs directory
+(`runs/grid/report/`); publishing is `--out benchmarks --benchmarks_md BENCHMARKS.md`, with `--name` to keep a
+grid's section apart from the others of its preset and data (recorded in the section's command, so the command
+regenerates that section). Run directories are recorded relative to --runs, so a report names no path of the
+machine that made it. The statistics, tables and plots are adaptive_ds/grid_tables.py's.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from .grid_tables import BUDGETS, PHASES, RUN_KEYS, aggregate, compare, markdown
 from .hardware import DEVICES, detect_device
 from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
 from .presets import ARCH_DEFAULTS, MODEL_VARIANTS, PRESETS
-from .report import commit, machine, replace_section
+from .report import check_markdown_path, check_name, commit, machine, replace_section, section_stem, write_report
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +169,12 @@ class GridSpec:
     warmup_steps: int | None = None
     baseline: str = "dense"
     eval_batches: int | None = None
+    name: str | None = None  # the last part of the section key and of the report's file names
+
+    @property
+    def key(self) -> str:
+        """The BENCHMARKS.md section key: grid:PRESET:DATA, or grid:PRESET:DATA:NAME."""
+        return ":".join(["grid", self.preset, self.data_name, *([self.name] if self.name else [])])
 
     @property
     def data_name(self) -> str:
@@ -212,6 +223,8 @@ class GridSpec:
             parts += ["--warmup_steps", str(self.warmup_steps)]
         if self.eval_batches is not None:
             parts += ["--eval_batches", str(self.eval_batches)]
+        if self.name is not None:
+            parts += ["--name", self.name]
         return shlex.join(parts)
 
 
@@ -356,9 +369,10 @@ def _device(price: float | None) -> tuple[str | None, float | None, float | None
 
 def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = None,
              report_only: bool = False) -> dict:
-    """Train (or keep) every variant x seed of `spec`, then write the JSON report and the plots; returns the
-    report. Failed runs are listed in it; GridError when none finished. `report_only`: train nothing, report the
-    runs that finished and list the others as not run."""
+    """Train (or keep) every variant x seed of `spec`, then write the JSON report and the plots into `out_dir`;
+    returns the report. Failed runs are listed in it; GridError when none finished. `report_only`: train nothing,
+    report the runs that finished and list the others as not run. Run directories and logs are recorded relative to
+    `runs_dir`."""
     finished, failed, not_run = [], [], []
     for variant in spec.variants:
         for seed in spec.seeds:
@@ -368,21 +382,20 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
                 not_run.append({"variant": variant.name, "seed": seed})
                 continue
             failure = execute(spec.training_args(variant, seed), run_dir)
-            entry = {"variant": variant.name, "seed": seed, "run_dir": run_dir}
+            entry = {"variant": variant.name, "seed": seed, "run_dir": os.path.relpath(run_dir, runs_dir)}
             if failure:
                 logger.error("grid: %s seed %d failed (exit %d); log %s", variant.name, seed, failure["exit"],
                              failure["log"])
-                failed.append({**entry, **failure})
+                failed.append({**entry, **failure, "log": os.path.relpath(failure["log"], runs_dir)})
             else:
                 finished.append({**entry, "kept": kept, **load_run(run_dir)})
     if not finished:
         raise GridError("no run finished; the first failure's log ends:\n" + failed[0]["log_tail"] if failed else
                         f"no run of this grid has finished in {runs_dir} (--report_only trains nothing)")
     report = {**assemble(spec, finished, failed, *_device(price)), "not_run": not_run}
-    os.makedirs(out_dir, exist_ok=True)
-    prefix = os.path.join(out_dir, f"grid_{spec.preset}_{spec.data_name}")
-    with open(f"{prefix}.json", "w") as f:
-        json.dump(report, f, indent=2)
+    path = write_report(out_dir, spec.key, report)
+    logger.info("grid: report %s", path)
+    prefix = os.path.join(out_dir, section_stem(spec.key))
     curves = {}
     for r in finished:
         curves.setdefault(r["variant"], []).append(r["curve"])
@@ -403,7 +416,7 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
     floors = [r["entropy_floor"] for r in rows]
     names = [v.name for v in spec.variants if any(r["variant"] == v.name for r in rows)]
     return {
-        "preset": spec.preset, "data": spec.data, "data_name": spec.data_name, "tokens": spec.tokens,
+        "preset": spec.preset, "data": spec.data, "data_name": spec.data_name, "name": spec.name, "tokens": spec.tokens,
         "seeds": list(spec.seeds), "baseline": spec.baseline,
         "variants": {v.name: {"arch": v.arch, "model": v.model, "controller": v.controller} for v in spec.variants},
         "entropy_floor": None if None in floors else sum(floors) / len(floors), "budgets": at,
@@ -416,10 +429,16 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
     }
 
 
+def section_key(report: dict) -> str:
+    """The section key of a grid report: grid:PRESET:DATA[:NAME] (reports before --name have none)."""
+    return ":".join(["grid", report["preset"], report["data_name"], *([report["name"]] if report.get("name") else [])])
+
+
 def write_section(path: str, report: dict, text: str) -> None:
-    """Replace (or append) the grid section of the report's preset and data in BENCHMARKS.md."""
-    replace_section(path, f"grid:{report['preset']}:{report['data_name']}", text,
-                    f"Benchmark grid, {report['preset']} on {report['data']} (measured)")
+    """Replace (or append) the report's section (its preset, data and name) in the Markdown file at `path`."""
+    name = f" ({report['name']})" if report.get("name") else ""
+    replace_section(path, section_key(report), text,
+                    f"Benchmark grid, {report['preset']} on {report['data']}{name} (measured)")
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -442,9 +461,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="held-out batches of every run's validation loss (default: the ds_config's); more batches, "
                         "smaller standard errors")
     p.add_argument("--price", type=float, help="$ per device-hour (default: adaptive_ds/hardware.py's table)")
-    p.add_argument("--out", default="benchmarks", help="the JSON report and PNG figures")
     p.add_argument("--runs", default="runs/grid", help="the training runs; the same directory continues a grid")
-    p.add_argument("--benchmarks_md", default="BENCHMARKS.md")
+    p.add_argument("--out", help="the JSON report and PNG figures (default: RUNS/report; the repository's committed "
+                                 "results: benchmarks)")
+    p.add_argument("--benchmarks_md", help="also write the tables as a section of this Markdown file "
+                                           "(the repository's: BENCHMARKS.md); by default no file is touched")
+    p.add_argument("--name", help="a name for this grid (lower-case letters, digits, '-'): its section is "
+                                  "grid:PRESET:DATA:NAME and its files grid_PRESET_DATA_NAME.*, apart from other "
+                                  "grids of the same preset and data")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: report the runs that finished (a grid cut short), list the rest as not run")
     return p.parse_args(argv)
@@ -456,6 +480,8 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
     from .training.arguments import ConfigError, parse
 
     try:
+        check_name(args.name)
+        check_markdown_path(args.benchmarks_md)
         ds_config_reader.read(ds_config_reader.load(args.ds_config))
         variants = tuple(parse_variant(text) for text in args.variants)
     except (ds_config_reader.ConfigError, ValueError) as error:
@@ -465,7 +491,7 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
         if repeated:
             raise SystemExit(f"error: {what}(s) {', '.join(repeated)} given twice; each trains once")
     found = [GridSpec(preset, variants, tuple(args.seeds), args.tokens, args.ds_config, args.data, args.tokenizer,
-                      args.warmup_steps, args.baseline, args.eval_batches) for preset in args.preset]
+                      args.warmup_steps, args.baseline, args.eval_batches, args.name) for preset in args.preset]
     for spec in found:
         for variant in variants:
             try:
@@ -482,16 +508,20 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = args.out if args.out is not None else os.path.join(args.runs, "report")
     failed = []
     for spec in specs(args):
         try:
-            report = run_grid(spec, args.out, args.runs, price=args.price, report_only=args.report_only)
+            report = run_grid(spec, out, args.runs, price=args.price, report_only=args.report_only)
         except GridError as error:
             raise SystemExit(f"error: {error}") from None
         text = markdown(report)
-        write_section(args.benchmarks_md, report, text)
+        if args.benchmarks_md is not None:
+            write_section(args.benchmarks_md, report, text)
+            logger.info("grid: section %s of %s written", spec.key, args.benchmarks_md)
         print(text)
-        failed += [f"{spec.preset} {f['variant']} seed {f['seed']} (log {f['log']})" for f in report["failed"]]
+        failed += [f"{spec.preset} {f['variant']} seed {f['seed']} (log {os.path.join(args.runs, f['log'])})"
+                   for f in report["failed"]]
     if failed:
         raise SystemExit(f"error: {len(failed)} run(s) failed: {'; '.join(failed)}; the tables cover the others; "
                          "the same command retries them and keeps the finished runs")

@@ -265,8 +265,8 @@ def _failures(report: dict) -> list[str]:
         lines += ["", f"Not run (reported with `--report_only`, the grid cut short): {runs}."]
     for f in report["failed"]:
         tail = "\n".join(f["log_tail"].strip().splitlines()[-8:])
-        lines += ["", f"Failed: `{f['variant']}` seed {f['seed']} (exit {f['exit']}, log `{f['log']}`; the same "
-                      "command retries it), its log ends:", "", "```", tail, "```"]
+        lines += ["", f"Failed: `{f['variant']}` seed {f['seed']} (exit {f['exit']}, log `{f['log']}` in the runs "
+                      "directory; the same command retries it), its log ends:", "", "```", tail, "```"]
     return lines
 
 

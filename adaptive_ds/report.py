@@ -1,7 +1,15 @@
-"""Generated sections of BENCHMARKS.md, and the provenance every figure carries (machine, commit)."""
+"""Generated sections of BENCHMARKS.md, the JSON reports behind them, and the provenance every figure carries
+(machine, commit).
+
+A measuring command writes its JSON report under the runs directory unless `--out` says otherwise, and a section of
+a Markdown file only when `--benchmarks_md` names one: nothing a user runs writes into the repository's committed
+results (`benchmarks/`, BENCHMARKS.md) unless asked. A section ``<!-- KEY -->`` is backed by the report
+`<out>/<section_stem(KEY)>.json`, from which it is rendered, so the committed JSON holds every figure it shows.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -27,6 +35,39 @@ def machine() -> str:
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()} ({torch.cuda.device_count()} GPU)"
     return f"{platform.machine()} CPU, {os.cpu_count()} cores, no GPU"
+
+
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+def check_name(name: str | None) -> None:
+    """A `--name` names a section key's last part and the report's files: refused in one line unless it is
+    lower-case letters, digits and '-'."""
+    if name is not None and not NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"--name {name!r} must be lower-case letters, digits and '-' (it ends a BENCHMARKS.md "
+                         "section key and names the report's files), e.g. 2m or moe-options")
+
+
+def section_stem(key: str) -> str:
+    """The file name, without extension, of the report behind section `key`, and of its figures:
+    grid:debug:embedded-hard:2m -> grid_debug_embedded-hard_2m."""
+    return key.replace(":", "_")
+
+
+def check_markdown_path(path: str | None) -> None:
+    """A `--benchmarks_md` whose folder does not exist is refused before anything is measured."""
+    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise ValueError(f"--benchmarks_md {path!r}: its folder does not exist")
+
+
+def write_report(out_dir: str, key: str, report: dict) -> str:
+    """Write `report` as `out_dir/<section_stem(key)>.json` (the folder made if needed); returns the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{section_stem(key)}.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    return path
 
 
 def replace_section(path: str, key: str, text: str, heading: str) -> None:

@@ -284,10 +284,11 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
           "--price", "0.5", "--out", out, "--runs", runs, "--benchmarks_md", str(md)])
     report = json.loads((tmp_path / "out" / "grid_debug_embedded.json").read_text())
     (row,) = report["runs"]
-    total = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(os.path.join(row["run_dir"], "final"))
+    run_dir = os.path.join(runs, row["run_dir"])  # recorded relative to --runs
+    total = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "final"))
                 .parameters())  # counted on the trained model itself
     assert "<!-- grid:debug:embedded -->" in md.read_text() and f"\n| mod | {total:,} / " in md.read_text()
-    first = json.loads(open(os.path.join(row["run_dir"], "metrics.jsonl")).readline())
+    first = json.loads(open(os.path.join(run_dir, "metrics.jsonl")).readline())
     # the run warmed up over 5 steps (the config says 1): the first step's learning rate is below the peak 3e-3
     assert first["step"] == 1 and first["lr"] < 0.5 * 3e-3 and "--warmup_steps 5" in report["command"]
     assert row["tokens"] == 4096 and not row["kept"] and row["validation_loss_se"] > 0
@@ -299,7 +300,7 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
     assert report["commit"] != "unknown" and report["comparisons"] == {}  # no dense in this grid
     for name in ("flops", "seconds", "tokens"):
         assert (tmp_path / "out" / f"grid_debug_embedded_loss_vs_{name}.png").stat().st_size > 10_000
-    before = _files(row["run_dir"])
+    before = _files(run_dir)
     # the same grid again, with a variant the trainer refuses, whose earlier attempt left a partial directory
     # (through run_grid: the command would refuse this variant before training anything)
     broken = parse_variant('dense+{"no_such_field": 1}')
@@ -308,7 +309,7 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
     os.makedirs(partial)
     open(os.path.join(partial, "metrics.jsonl"), "w").close()
     again = run_grid(spec, out, runs)
-    assert _files(row["run_dir"]) == before and again["runs"][0]["kept"]  # not retrained, not rewritten
+    assert _files(run_dir) == before and again["runs"][0]["kept"]  # not retrained, not rewritten
     assert again["runs"][0]["validation_loss"] == row["validation_loss"]
     (failure,) = again["failed"]
     assert failure["variant"] == broken.name and failure["exit"] != 0
@@ -346,3 +347,73 @@ def test_a_variant_may_carry_its_own_token_budget_for_an_iso_flop_baseline():
     assert other[other.index("--tokens") + 1] == "500000"
     with pytest.raises(ValueError, match="'tokens' must be a positive integer, got 0.5"):
         parse_variant('dense+{"tokens": 0.5}')
+
+
+def _finished_run(run_dir: str, arch: str, seed: int) -> None:
+    """A finished run's files as the trainer leaves them (summary.json, metrics.jsonl, final/config.json), so that
+    the grid keeps it instead of training it."""
+    config = model_config("debug", arch, 128)
+    config.save_pretrained(os.path.join(run_dir, "final"))
+    phases = {"setup": 2.0, "data": 1.0, "train": 6.0, "checkpoint": 0.5, "eval": 0.4, "other": 0.1}
+    summary = {"seq_len": 256, "validation_loss": 2.0 + seed / 100, "validation_loss_se": 0.01, "tokens_seen": 4096,
+               "wall_time_s": 10.0, "time_breakdown_s": {**phases, "total": 10.0}, "entropy_floor": 1.4,
+               "peak_memory": {"device": "cpu", "peak_rss_bytes": 2**30}, "total_parameters": 1000,
+               "active_parameters": 600}
+    routing = {"mod": {"skip_rate": 0.875, "flops_reduction": 0.44}} if arch == "mod" else {}
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+        for step, loss in ((1, 3.0), (2, 2.5)):
+            f.write(json.dumps({"step": step, "loss": loss, "tokens_seen": 2048 * step, "elapsed_s": 2.0 + 3 * step,
+                                **routing}) + "\n")
+
+
+def _snapshot(directory) -> dict[str, bytes]:
+    return {os.path.relpath(os.path.join(d, f), directory): open(os.path.join(d, f), "rb").read()
+            for d, _, names in os.walk(directory) for f in names}
+
+
+def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, monkeypatch):
+    """A user's own grid (from the repository's root, as README shows it) writes its JSON and figures under its
+    runs directory and leaves BENCHMARKS.md and the committed benchmarks/ byte for byte; --benchmarks_md and --out
+    publish, under a section key and file names of its own (--name), recorded in the section's command."""
+    from conftest import ROOT
+
+    from adaptive_ds.grid import _parse_args, specs
+
+    monkeypatch.chdir(tmp_path)
+    published = "grid_debug_embedded-hard.json"
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / published).write_bytes((ROOT / "benchmarks" / published).read_bytes())
+    (tmp_path / "BENCHMARKS.md").write_bytes((ROOT / "BENCHMARKS.md").read_bytes())
+    before_md, before_results = (tmp_path / "BENCHMARKS.md").read_bytes(), _snapshot(tmp_path / "benchmarks")
+    assert "<!-- grid:debug:embedded-hard -->" in before_md.decode()
+    config = os.path.relpath(write_ds_config(tmp_path), tmp_path)
+    argv = ["--preset", "debug", "--data", "embedded:hard", "--variants", "mod", "dense", "--seeds", "7",
+            "--tokens", "4096", "--ds_config", config]
+    (spec,) = specs(_parse_args(argv))
+    for variant in spec.variants:  # finished runs, kept by the grid: nothing trains
+        _finished_run(spec.run_dir("runs/grid", variant, 7), variant.arch, 7)
+    main(argv)
+    assert (tmp_path / "BENCHMARKS.md").read_bytes() == before_md
+    assert _snapshot(tmp_path / "benchmarks") == before_results
+    report = json.loads((tmp_path / "runs" / "grid" / "report" / "grid_debug_embedded-hard.json").read_text())
+    assert [r["variant"] for r in report["runs"]] == ["mod", "dense"]
+    # run directories relative to --runs: the report names no path of the machine that made it
+    assert report["runs"][0]["run_dir"] == os.path.basename(spec.run_dir("runs/grid", spec.variants[0], 7))
+    assert str(tmp_path) not in json.dumps(report)
+    for name in ("flops", "seconds", "tokens"):
+        assert (tmp_path / "runs" / "grid" / "report" / f"grid_debug_embedded-hard_loss_vs_{name}.png").exists()
+
+    main([*argv, "--name", "mine", "--out", "benchmarks", "--benchmarks_md", "BENCHMARKS.md"])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    published_report = json.loads((tmp_path / "benchmarks" / "grid_debug_embedded-hard_mine.json").read_text())
+    section = re.search(r"<!-- grid:debug:embedded-hard:mine -->\n(.*)\n<!-- /grid:debug:embedded-hard:mine -->",
+                        text, flags=re.S).group(1)
+    assert section == markdown(published_report) and "--seeds 7 --name mine`" in section
+    # nothing else moved: the published section and its JSON are those of before
+    assert text.replace(re.search(r"\n\n## [^\n]*\n\n<!-- grid:debug:embedded-hard:mine -->.*", text,
+                                  flags=re.S).group(0), "") == before_md.decode().rstrip("\n")
+    assert (tmp_path / "benchmarks" / published).read_bytes() == before_results[published]
+    with pytest.raises(SystemExit, match=r"--name 'Mine 2' .*lower-case letters, digits and '-'"):
+        main([*argv, "--name", "Mine 2"])
