@@ -1,6 +1,6 @@
 """Side-by-side training throughput of the architectures at one preset, through the DeepSpeed engine.
 
-    python -m adaptive_ds.benchmark --preset debug --steps 20 --rounds 3 --out bench.json
+    python -m adaptive_ds.benchmark --preset debug --steps 20 --rounds 3
     python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1
     python -m adaptive_ds.benchmark --generate --cases dense mod hybrid --micro_batch 1 --trained mod=RUN/final
 
@@ -21,6 +21,12 @@ achieved TFLOP/s is reported instead.
 the same number of new tokens, greedy, with the KV cache), beside the share of tokens each MoD block ran on.
 A MoD model's cost depends on how many tokens its router routes, which a random router does not show (it routes
 about half, whatever the capacity): pass trained models with `--trained CASE=FOLDER`.
+
+Each measurement writes its JSON report into --out (default `runs/benchmark`), named after its BENCHMARKS.md section
+(`throughput_<preset>_<cpu|gpu>.json`, `generate_<preset>_<cpu|gpu>_batch<N>.json`), and prints its table; the
+section goes into a Markdown file only when --benchmarks_md names one. Nothing a user runs writes into the
+repository's committed results unless asked: publishing is `--out benchmarks --benchmarks_md BENCHMARKS.md`, and
+each section is rendered from its report alone.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import argparse
 import json
 import logging
 import resource
+import shlex
 import statistics
 import time
 from typing import NamedTuple
@@ -43,7 +50,7 @@ from .flops import training_flops_per_token
 from .hardware import DEVICES, detect_device
 from .models import AdaptiveDSForCausalLM
 from .presets import MODEL_VARIANTS, PRESETS, model_config
-from .report import commit, machine, replace_section
+from .report import check_markdown_path, commit, machine, replace_section, write_report
 from .training.optim import parameter_groups
 
 logger = logging.getLogger(__name__)
@@ -225,7 +232,8 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
     also reports the share of tokens each MoD block ran on in its generated sequences, and whether generation
     without the KV cache gave the same tokens.
     """
-    unknown = sorted(set(cases) - set(GENERATION_CASES)) + sorted(set(trained or {}) - set(cases))
+    trained = trained or {}
+    unknown = sorted(set(cases) - set(GENERATION_CASES)) + sorted(set(trained) - set(cases))
     if unknown:
         raise ValueError(f"cannot measure generation of {', '.join(unknown)}; valid cases: "
                          f"{', '.join(GENERATION_CASES)} (each --trained CASE also among --cases)")
@@ -236,7 +244,7 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
     models = {}
     for name in cases:
         torch.manual_seed(seed)
-        if trained and name in trained:
+        if name in trained:
             model = load_any(trained[name])[0]
             if model.config.arch != CASES[name].model["arch"]:
                 raise ValueError(f"--trained {name}={trained[name]} is a {model.config.arch} model, not {name}")
@@ -263,9 +271,14 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
         with torch.no_grad():
             routing = model(input_ids=sequences, use_cache=False).mod_routing  # the decisions generation made
         results[name] = {"tokens_per_s": statistics.median(rates[name]), "rounds": rates[name],
-                         "trained": (trained or {}).get(name), "equal_without_cache": equal,
+                         "trained": trained.get(name), "equal_without_cache": equal,
                          "routed": [float(r.routed.float().mean()) for r in routing or ()]}
+    command = (f"python -m adaptive_ds.benchmark --generate --preset {preset} --cases {' '.join(cases)} --micro_batch "
+               f"{batch} --prompt_len {prompt_len} --new_tokens {new_tokens} --rounds {rounds} --precision {precision}")
+    if trained:
+        command += " --trained " + " ".join(shlex.quote(f"{name}={path}") for name, path in trained.items())
     return {"preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
+            "command": command, "torch": torch.__version__, "deepspeed": deepspeed.__version__,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else
             f"cpu ({torch.get_num_threads()} threads)", "precision": precision, "batch": batch,
             "prompt_len": prompt_len, "new_tokens": new_tokens, "rounds": rounds, "results": results,
@@ -282,6 +295,35 @@ def generation_table(report: dict) -> str:
         routed = " ".join(f"{x:.2f}" for x in r["routed"]) or "-"
         lines.append(f"{name:<11}{r['tokens_per_s']:>10,.1f}{f'{ratio:.2f}x' if ratio else '':>10}  "
                      f"{str(r['equal_without_cache']):<18}{routed}{' (trained)' if r['trained'] else ''}")
+    return "\n".join(lines)
+
+
+def _device_kind(report: dict) -> str:
+    return "cpu" if report["device"].startswith("cpu") else "gpu"
+
+
+def generation_key(report: dict) -> str:
+    """The BENCHMARKS.md section of a generation report: generate:PRESET:cpu|gpu:batchN."""
+    return f"generate:{report['preset']}:{_device_kind(report)}:batch{report['batch']}"
+
+
+def generation_markdown(report: dict) -> str:
+    """The BENCHMARKS.md section of a generation report: provenance, then tokens/s per case."""
+    lines = [
+        f"Measured {report['date']} on {report['machine']} ({report['device']}), torch {report['torch']}, deepspeed "
+        f"{report['deepspeed']}, commit {report['commit']}: `{report['command']}`. {report['precision']}, batch "
+        f"{report['batch']}, prompt {report['prompt_len']} + {report['new_tokens']} new tokens (greedy, no early "
+        f"stop, with the KV cache), median of {report['rounds']} interleaved rounds after a warm-up.",
+        "",
+        "| case | model | tokens/s | vs dense | KV cache = no cache | routed share per MoD block |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in report["results"].items():
+        ratio = report["ratios"].get(f"{name}/dense")
+        routed = ", ".join(f"{x:.2f}" for x in r["routed"]) or "-"
+        model = f"trained, `{r['trained']}`" if r["trained"] else "random weights"
+        lines.append(f"| `{name}` | {model} | {r['tokens_per_s']:,.1f} | {f'{ratio:.2f}x' if ratio else '-'} | "
+                     f"{'yes' if r['equal_without_cache'] else '**no**'} | {routed} |")
     return "\n".join(lines)
 
 
@@ -321,10 +363,19 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def throughput_key(report: dict) -> str:
+    """The BENCHMARKS.md section of a throughput report: throughput:PRESET:cpu|gpu."""
+    return f"throughput:{report['preset']}:{_device_kind(report)}"
+
+
 def write_section(path: str, report: dict) -> None:
-    kind = "cpu" if report["device"].startswith("cpu") else "gpu"
-    replace_section(path, f"throughput:{report['preset']}:{kind}", markdown(report),
+    replace_section(path, throughput_key(report), markdown(report),
                     f"Training throughput side by side, {report['preset']}, {report['machine']}")
+
+
+def write_generation_section(path: str, report: dict) -> None:
+    replace_section(path, generation_key(report), generation_markdown(report),
+                    f"generate() tokens/s, {report['preset']}, batch {report['batch']}, {report['machine']}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -338,8 +389,11 @@ def main(argv: list[str] | None = None) -> None:
                    choices=["fp32", "bf16", "fp16"])
     p.add_argument("--cases", nargs="+", choices=list(CASES),
                    help=f"default: every case; with --generate {' '.join(GENERATION_CASES)}")
-    p.add_argument("--out", help="write the report as JSON here")
-    p.add_argument("--benchmarks_md", help="also write its tables into this Markdown file (BENCHMARKS.md)")
+    p.add_argument("--out", default="runs/benchmark",
+                   help="folder of the JSON report, named after its section (the repository's committed results: "
+                        "benchmarks)")
+    p.add_argument("--benchmarks_md", help="also write its table as a section of this Markdown file (the "
+                                           "repository's: BENCHMARKS.md); by default no file is touched")
     p.add_argument("--memory", action="store_true",
                    help="instead: measure one case's peak memory (--cases CASE, one of "
                         f"{' '.join(GENERATION_CASES)}) beside the planner's prediction")
@@ -353,6 +407,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="with --generate: trained models (save_pretrained folders) instead of random weights")
     args = p.parse_args(argv)
     distributed.setup_logging(logging.WARNING)
+    try:
+        check_markdown_path(args.benchmarks_md)
+    except ValueError as error:
+        p.error(str(error))
     if args.generate:
         trained = dict(item.split("=", 1) for item in args.trained if "=" in item)
         if len(trained) != len(args.trained):
@@ -364,9 +422,9 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as error:
             p.error(str(error))
         print(generation_table(report))
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=2)
+        print(f"report: {write_report(args.out, generation_key(report), report)}")
+        if args.benchmarks_md:
+            write_generation_section(args.benchmarks_md, report)
         return
     args.cases = args.cases or list(CASES)
     if args.memory:
@@ -378,9 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     report = run_benchmark(args.preset, args.steps, args.rounds, args.warmup, args.micro_batch, args.precision,
                            args.cases)
     print(_table(report))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
+    print(f"report: {write_report(args.out, throughput_key(report), report)}")
     if args.benchmarks_md:
         write_section(args.benchmarks_md, report)
 
