@@ -15,10 +15,13 @@ def _layer(**overrides):
     return layer
 
 
-def naive_moe(layer: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
-    """Reference: every token through each of its top-k experts, one token at a time, dropless."""
+def naive_moe(layer: MoEFeedForward, x: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference: every token through each of its top-k experts, one token at a time, dropless; routed by the gate's
+    logits of `x`, or by the (tokens, experts) `logits` given."""
     tokens = x.reshape(-1, x.shape[-1])
-    probs = F.linear(tokens.float(), layer.moe.deepspeed_moe.gate.wg.weight.float()).softmax(-1)
+    if logits is None:
+        logits = F.linear(tokens.float(), layer.moe.deepspeed_moe.gate.wg.weight.float())
+    probs = logits.softmax(-1)
     top_p, top_e = probs.topk(layer.k, dim=-1)
     if layer.k > 1:
         top_p = top_p / top_p.sum(-1, keepdim=True)
@@ -118,19 +121,79 @@ def test_eval_is_dropless_for_a_capacity_limited_layer(k, dispatch):
             torch.testing.assert_close(layer(x)[0], stock, rtol=1e-5, atol=1e-6)
 
 
-def test_z_loss_and_jitter_and_residual():
-    layer = _layer(moe_jitter=True, moe_use_residual=True, moe_drop_tokens=False)
+def test_the_z_loss_is_the_mean_squared_logsumexp_of_the_router_logits():
+    layer = _layer(moe_drop_tokens=False)
     x = torch.randn(2, 8, 32)
-    layer.eval()
-    a, routing = layer(x)
-    b, _ = layer(x)
-    assert torch.equal(a, b)  # no jitter at eval
+    _, routing = layer(x)
     logits = F.linear(x.reshape(-1, 32), layer.moe.deepspeed_moe.gate.wg.weight)
     torch.testing.assert_close(routing.z_loss, torch.logsumexp(logits, -1).pow(2).mean())
+
+
+JITTER = 1e-2  # DeepSpeed's multiplicative_jitter: each router input times a factor uniform in [1 - eps, 1 + eps]
+
+
+def test_jitter_multiplies_each_router_input_by_a_factor_within_epsilon_in_training_only():
+    layer = _layer(moe_jitter=True, moe_drop_tokens=False)
+    with torch.no_grad():  # one-hot gate rows: expert e's logit is input feature e, so the logits show the factors
+        gate = layer.moe.deepspeed_moe.gate.wg.weight
+        gate.zero_()
+        gate[torch.arange(4), torch.arange(4)] = 1.0
+    x = torch.randn(4000, 32)
+    layer.eval()
+    assert torch.equal(layer.router_logits(x), x[:, :4])  # no noise at all in eval
     layer.train()
-    c, _ = layer(x)
-    assert not torch.equal(a, c)  # jitter perturbs routing inputs in training
-    assert any("coefficient" in n for n, _ in layer.named_parameters())
+    with torch.no_grad():
+        factors = layer.router_logits(x) / x[:, :4]  # (tokens, experts): one factor per input element
+    assert factors.min() >= 1 - JITTER - 1e-6 and factors.max() <= 1 + JITTER + 1e-6
+    assert factors.min() < 1 - 0.9 * JITTER and factors.max() > 1 + 0.9 * JITTER  # the whole range is drawn
+    assert abs(float(factors.mean()) - 1) < 1e-3  # centred on 1 (uniform: standard error ~5e-5 here)
+    assert (factors[:, 0] != factors[:, 1]).float().mean() > 0.99  # a factor per element, not one per token
+    assert not torch.equal(layer.router_logits(x), layer.router_logits(x))  # a new draw every forward
+    plain = _layer(moe_drop_tokens=False)
+    plain.load_state_dict(layer.state_dict())
+    assert plain.training and torch.equal(plain.router_logits(x), x[:, :4])  # off unless asked for
+
+
+def test_a_jittered_layer_routes_by_the_jittered_logits_in_training_and_is_deterministic_in_eval():
+    layer = _layer(moe_jitter=True, moe_drop_tokens=False)
+    x = torch.randn(2, 8, 32)
+    torch.manual_seed(1)
+    jittered = layer.router_logits(x.reshape(-1, 32))
+    torch.manual_seed(1)  # the same draw inside the forward
+    out, _ = layer(x)
+    torch.testing.assert_close(out, naive_moe(layer, x, jittered), rtol=1e-5, atol=1e-5)
+    layer.eval()
+    a, _ = layer(x)
+    b, _ = layer(x)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(a, naive_moe(layer, x), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(a, out)  # the training forward's noise changed its output
+
+
+def _swiglu_by_hand(mlp, x):
+    """down(silu(gate x) * up x) from the module's weight matrices."""
+    return (F.silu(x @ mlp.gate_proj.weight.t()) * (x @ mlp.up_proj.weight.t())) @ mlp.down_proj.weight.t()
+
+
+@pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
+def test_residual_moe_mixes_the_dense_mlp_and_the_experts_by_the_softmax_of_the_coefficient(dispatch):
+    # PR-MoE (Rajbhandari et al. 2022, DeepSpeed-MoE eq. 2's residual form): out = c0 * experts(x) + c1 * mlp(x),
+    # (c0, c1) = softmax(W x + b), with W, b the layer's coefficient
+    layer = _layer(moe_use_residual=True, moe_drop_tokens=False, moe_dispatch=dispatch)
+    for param in layer.parameters():  # the dense MLP unlike the experts, the coefficient far from an even split
+        torch.nn.init.normal_(param, std=0.3)
+    x = torch.randn(2, 8, 32)
+    out, _ = layer(x)
+    coefficient = layer.moe.coefficient
+    mix = (x @ coefficient.weight.t() + coefficient.bias).softmax(-1)  # (2, 8, 2)
+    expected = naive_moe(layer, x) * mix[..., :1] + _swiglu_by_hand(layer.moe.mlp, x) * mix[..., 1:]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert mix.min() < 0.2 and mix.max() > 0.8  # some tokens lean on one side: the mixing is really tested
+    with torch.no_grad():  # the dense MLP's share moves the output by exactly c1 * its change
+        before = _swiglu_by_hand(layer.moe.mlp, x)
+        layer.moe.mlp.down_proj.weight.mul_(2)
+        changed, _ = layer(x)
+    torch.testing.assert_close(changed - out, mix[..., 1:] * before, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow
