@@ -10,11 +10,16 @@ Fact values are split by their entity's Zipf rank; each bucket also shows how ma
 `--train_tokens` tokens stated each of its facts (counted on the run's own training stream), which separates a
 fact the model has not seen often enough from one it has no room for.
 
-    python -m adaptive_ds.loss_breakdown --models dense=RUNS/dense-seed1/final moe=RUNS/moe-seed1/final \\
-        --seed 1 --benchmarks_md BENCHMARKS.md
+    python -m adaptive_ds.loss_breakdown --models dense=RUNS/dense-seed1/final moe=RUNS/moe-seed1/final --seed 1
 
 `--seed` must be the runs' training seed: the held-out blocks are that run's validation stream. The models run
 on the CPU (a debug-preset model scores 256 blocks in seconds).
+
+It writes the JSON report into --out (default `runs/loss_breakdown`), named after its section
+(`loss-breakdown_<seq_len>_<tier>[_<name>].json`), and prints the table; the table goes into a Markdown file as the
+section ``<!-- loss-breakdown:<seq_len>:<tier>[:<name>] -->`` only when --benchmarks_md names one, rendered from the
+report alone. Nothing a user runs writes into the repository's committed results unless asked: publishing is
+`--out benchmarks --benchmarks_md BENCHMARKS.md`.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch.nn.functional as F
 from .data import EMBEDDED_SOURCES, build_training_data, train_namespace, validation_namespace
 from .data.embedded import COMPUTED, COPIED, FACT, NAME, NUM_ENTITIES, RELATIONS, TIERS, Document, block
 from .export import load_any
-from .report import commit, machine, replace_section
+from .report import check_markdown_path, check_name, commit, machine, replace_section, write_report
 
 logger = logging.getLogger(__name__)
 
@@ -186,9 +191,15 @@ def breakdown(models: dict[str, str], seed: int, num_blocks: int, train_tokens: 
     return report
 
 
-def markdown(report: dict, command: str) -> str:
+def section_key(report: dict, name: str | None = None) -> str:
+    """loss-breakdown:SEQ_LEN:TIER, or loss-breakdown:SEQ_LEN:TIER:NAME."""
+    return ":".join(["loss-breakdown", str(report["seq_len"]), report["tier"], *([name] if name else [])])
+
+
+def markdown(report: dict) -> str:
+    """The BENCHMARKS.md section of a report: provenance, then each kind of token's excess loss per model."""
     names = list(report["totals"])
-    lines = [f"Measured {report['date']} on {report['machine']}, commit {report['commit']}: `{command}`. "
+    lines = [f"Measured {report['date']} on {report['machine']}, commit {report['commit']}: `{report['command']}`. "
              f"{report['blocks']} held-out blocks of seed {report['seed']}'s validation stream "
              f"({report['tokens']:,} predicted tokens, embedded:{report['tier']}), MoD routing causal, MoE dropless. "
              "Each model column: its excess loss over the generator on that kind of token (nats/token), then "
@@ -228,28 +239,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--train_tokens", type=int,
                    help="count fact statements in this many training tokens (default: the largest tokens_seen in "
                         "the models' runs' summary.json)")
-    p.add_argument("--out", help="write the report as JSON here")
-    p.add_argument("--benchmarks_md", help="replace this file's loss-breakdown section with the table")
-    p.add_argument("--section", help="the section's key (default: loss-breakdown:PRESET-SEQ:embedded-TIER)")
+    p.add_argument("--out", default="runs/loss_breakdown",
+                   help="folder of the JSON report, named after its section (the repository's committed results: "
+                        "benchmarks)")
+    p.add_argument("--benchmarks_md", help="also write the table as a section of this Markdown file (the "
+                                           "repository's: BENCHMARKS.md); by default no file is touched")
+    p.add_argument("--name", help="a name for this breakdown (lower-case letters, digits, '-'): its section is "
+                                  "loss-breakdown:SEQ_LEN:TIER:NAME, apart from others of the same corpus")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     names = [name for name, _ in args.models]
     if len(set(names)) < len(names):
         sys.exit(f"loss_breakdown: each --models NAME must be unique, got {', '.join(names)}")
     try:
+        check_name(args.name)
+        check_markdown_path(args.benchmarks_md)
         report = breakdown(dict(args.models), args.seed, args.blocks, args.train_tokens, args.tier)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"loss_breakdown: {e}")
-    command = "python -m adaptive_ds.loss_breakdown " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = markdown(report, command)
-    logger.info("%s", text)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    report["command"] = "python -m adaptive_ds.loss_breakdown " + " ".join(argv if argv is not None else sys.argv[1:])
+    key = section_key(report, args.name)
+    text = markdown(report)
+    print(text)
+    print(f"report: {write_report(args.out, key, report)}")
     if args.benchmarks_md:
-        where = f"seq {report['seq_len']} on embedded:{report['tier']}"
-        replace_section(args.benchmarks_md, args.section or f"loss-breakdown:{report['seq_len']}:{report['tier']}",
-                        text, f"Where the loss goes, {where}")
+        replace_section(args.benchmarks_md, key, text,
+                        f"Where the loss goes, seq {report['seq_len']} on embedded:{report['tier']}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 exposure counts on hand-worked cases, and the model's per-token losses against the model's own HF loss."""
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -215,3 +216,40 @@ def test_bad_input_is_one_line(tmp_path):
                           "--seed", "1", "--blocks", "0"], capture_output=True, text=True)
     assert run.returncode != 0 and run.stderr.strip().splitlines()[-1] == (
         "loss_breakdown: --blocks must be at least 1, got 0")
+
+
+def test_the_breakdown_is_published_only_when_told(tmp_path, monkeypatch):
+    """A JSON report under the runs directory by default, BENCHMARKS.md and benchmarks/ untouched; --out and
+    --benchmarks_md publish it, the section (keyed by --name) rendered from the report alone."""
+    import re
+
+    from conftest import ROOT
+
+    from adaptive_ds.loss_breakdown import main, markdown
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "benchmarks").mkdir()
+    name = "throughput_debug_cpu.json"
+    (tmp_path / "benchmarks" / name).write_bytes((ROOT / "benchmarks" / name).read_bytes())
+    (tmp_path / "BENCHMARKS.md").write_bytes((ROOT / "BENCHMARKS.md").read_bytes())
+    before = (tmp_path / "BENCHMARKS.md").read_bytes(), (tmp_path / "benchmarks" / name).read_bytes()
+    tokenizer = embedded_tokenizer("hard")
+    AdaptiveDSForCausalLM(model_config("debug", "dense", len(tokenizer))).save_pretrained("model")
+    tokenizer.save_pretrained("model")
+    argv = ["--models", "dense=model", "--seed", "5", "--blocks", "2", "--train_tokens", "512"]
+    main(argv)
+    assert ((tmp_path / "BENCHMARKS.md").read_bytes(), (tmp_path / "benchmarks" / name).read_bytes()) == before
+    assert os.listdir(tmp_path / "benchmarks") == [name]
+    report = json.loads((tmp_path / "runs" / "loss_breakdown" / "loss-breakdown_256_hard.json").read_text())
+    assert report["command"] == "python -m adaptive_ds.loss_breakdown " + " ".join(argv)
+    assert report["models"] == {"dense": "model"} and report["blocks"] == 2
+
+    main([*argv, "--name", "mine", "--out", "benchmarks", "--benchmarks_md", "BENCHMARKS.md"])
+    published = json.loads((tmp_path / "benchmarks" / "loss-breakdown_256_hard_mine.json").read_text())
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    section = re.search(r"<!-- loss-breakdown:256:hard:mine -->\n(.*)\n<!-- /loss-breakdown:256:hard:mine -->",
+                        text, flags=re.S).group(1)
+    assert section == markdown(published) and "--name mine" in section
+    total = published["totals"]["dense"]
+    assert f"| {total['loss'] - total['floor']:.4f} (loss {total['loss']:.4f}) |" in section
+    assert (tmp_path / "benchmarks" / name).read_bytes() == before[1]
