@@ -7,12 +7,14 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.constants import CROSS_RANK
 
 # What a launcher (or init_distributed for a plain start) exports; a child process that should start its own
 # process group must not inherit them.
@@ -25,6 +27,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortInUse(Exception):
+    """The rendezvous port is taken by another program: nothing of this run was lost, it needs another port."""
+
+
+# torch's words for a port another socket holds: its libuv store's, then its socket store's (errno 98)
+_ADDRESS_IN_USE = ("EADDRINUSE", "Address already in use")
+
+
 def init_distributed(timeout_s: float | None = None) -> None:
     """Join the launcher's process group; a plain `python` start becomes a world of one.
 
@@ -32,19 +42,49 @@ def init_distributed(timeout_s: float | None = None) -> None:
     single-process world ourselves rather than let DeepSpeed try MPI discovery. CUDA uses NCCL; CPU uses gloo.
     `timeout_s` bounds every collective: a process whose peer hangs (alive, but no longer taking part) gets the
     backend's error after this long instead of waiting forever (None: DeepSpeed's default, $DEEPSPEED_TIMEOUT
-    minutes or 10). A peer that died is noticed sooner: its closed connection fails the next collective.
+    minutes or 10). A peer that died is noticed sooner: its closed connection fails the next collective. A
+    rendezvous port that another program holds raises PortInUse, which names the launcher's way to pick another.
     """
     if dist.is_initialized():
         return
     use_this_environments_ninja()
+    choice = port_choice(os.environ)  # before a plain start exports a launcher's variables itself
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
-                               auto_mpi_discovery=False, **timeout)
+    try:
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                                   auto_mpi_discovery=False, **timeout)
+    except dist.DistNetworkError as error:
+        # Rank 0 hosts the rendezvous store on MASTER_PORT. torchrun's agent hosts it itself (static rendezvous,
+        # TORCHELASTIC_USE_AGENT_STORE), and so does accelerate's multi-process launch, which runs torchrun (and on
+        # one machine moves to a free port first): there a busy port fails in the launcher, before we start.
+        if not any(marker in str(error) for marker in _ADDRESS_IN_USE):
+            raise
+        raise PortInUse(f"the rendezvous port {os.environ['MASTER_PORT']} is in use (another run on this machine?); "
+                        f"pick another with {choice}") from None
+
+
+def port_choice(environ: Mapping[str, str]) -> str:
+    """Where the user picks another rendezvous port, judged from the variables the launcher exported.
+
+    deepspeed's launcher (deepspeed/launcher/launch.py) exports CROSS_RANK, torchrun's agent TORCHELASTIC_RUN_ID, and
+    every `accelerate launch` ACCELERATE_MIXED_PRECISION (it then starts torchrun, or deepspeed's launcher across
+    machines, with its --main_process_port). Without RANK nothing launched us: init_distributed takes MASTER_PORT,
+    or a free port when it is unset (so does `accelerate launch` of one process, which starts plain python).
+    """
+    if "RANK" not in environ:
+        return "the MASTER_PORT environment variable"
+    if "ACCELERATE_MIXED_PRECISION" in environ:
+        return "accelerate launch's --main_process_port"
+    if "TORCHELASTIC_RUN_ID" in environ:
+        return "torchrun's --master_port"
+    if CROSS_RANK in environ:
+        return "deepspeed's --master_port"
+    return "the MASTER_PORT your launcher exports"
 
 
 def use_this_environments_ninja() -> None:

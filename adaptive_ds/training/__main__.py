@@ -3,6 +3,7 @@
 A run that loses one of its processes also ends with one line (never a hang): a peer that died fails the next
 collective (gloo: its closed connection), a hung one the collective timeout (`collective_timeout_s`), and
 torchrun's agent stops the survivors with SIGTERM. The same command then resumes from the last complete checkpoint.
+A rendezvous port that another run holds ends it with one line too, naming the launcher's option for another port.
 """
 
 from __future__ import annotations
@@ -25,8 +26,27 @@ class Terminated(BaseException):
 
 
 def _on_sigterm(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one line, even when the launcher sends it again
+    _stop_signals()  # one line, even when the launcher sends it again or a loader worker dies with us
     raise Terminated
+
+
+def _ignore(signum, frame) -> None:
+    """SIGTERM's and SIGCHLD's handler once the run is stopping."""
+
+
+def _stop_signals() -> None:
+    """From here on no signal can replace the run's one line with a traceback, or cut it short.
+
+    A launcher stops a failed run by signalling every process, loader workers included, so SIGTERM and a worker's
+    SIGCHLD arrive together, and Python runs their handlers one after the other: torch's SIGCHLD handler (it raises
+    "DataLoader worker ... is killed by signal") would fire inside our stop path for SIGTERM, or our SIGTERM handler
+    inside the stop path for a dead worker. A Python no-op replaces both rather than SIG_IGN: a signal that arrived
+    before the change still calls the handler set now, and finding SIG_IGN, Python prints "Signal N ignored due to
+    race condition". (Blocking them with pthread_sigmask would not do: it holds them off this thread only, and
+    torch's and gloo's threads would take them.)
+    """
+    for signum in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(signum, _ignore)
 
 
 def _stopped(what: str) -> str:
@@ -45,16 +65,31 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
         # interpreter start-up and imports are part of the run's setup time
         train(sys.argv[1:] if argv is None else argv, process_started=psutil.Process().create_time(), hooks=hooks)
         distributed.close()
-    except (ConfigError, CheckpointError, TrainingStopped) as error:
-        sys.exit(f"error: {error}")
-    except Terminated:
-        sys.exit(_stopped("stopped by SIGTERM (a launcher stops every process when one fails)"))
-    except RuntimeError as error:
-        what = _lost_a_process(error)
-        if what is None:
-            raise
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM would cut this line short
-        sys.exit(_stopped(what))
+        return
+    except BaseException as error:
+        stop = error
+    # Stopping. A signal already on its way can still raise once while the handlers change (Python runs a pending
+    # handler as a function starts, and in signal.signal): it tells nothing new, so the change is just retried.
+    while True:
+        try:
+            _stop_signals()
+            break
+        except (Terminated, RuntimeError):
+            continue
+    line = _one_line(stop)
+    if line is None:
+        raise stop
+    sys.exit(line)
+
+
+def _one_line(error: BaseException) -> str | None:
+    """The line a run that stopped with `error` ends with; None for an error that is a defect (its traceback)."""
+    if isinstance(error, (ConfigError, CheckpointError, TrainingStopped, distributed.PortInUse)):
+        return f"error: {error}"
+    if isinstance(error, Terminated):
+        return _stopped("stopped by SIGTERM (a launcher stops every process when one fails)")
+    what = _lost_a_process(error) if isinstance(error, RuntimeError) else None
+    return None if what is None else _stopped(what)
 
 
 # torch's words for a loader worker that died (torch/utils/data: by a signal, or noticed by the main process)
