@@ -211,27 +211,70 @@ def test_accelerate_launch_with_the_shipped_deepspeed_plugin_config(tmp_path):
 
 
 def test_default_config_is_the_debug_dense_run():
-    config = json.loads((ROOT / "ds_configs" / "debug_cpu.json").read_text())
-    assert config["adaptive_ds"]["preset"] == "debug" and DEBUG_CPU.endswith("debug_cpu.json")
-    assert torch.tensor(0).device.type == "cpu"
+    """What `make train` trains, as the run's own argument parser reads its command: the debug dense model on the
+    embedded corpus, 600 steps of 16 rows, fp32, on the CPU."""
+    import shlex
+    import subprocess
+
+    from adaptive_ds import ds_config
+    from adaptive_ds.presets import PRESETS, model_config
+    from adaptive_ds.training.arguments import parse
+
+    recipe = subprocess.run(["make", "-n", "train"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    launcher, script, *argv = shlex.split(recipe.strip().splitlines()[-1])  # after setup's lines, if it is due
+    assert launcher == ".venv/bin/deepspeed" and script == "launchers/train.py", recipe
+    assert argv[0] == "--ds_config" and str(ROOT / argv[1]) == DEBUG_CPU and len(argv) == 2
+    settings, config = parse(["--ds_config", DEBUG_CPU, *argv[2:]], world_size=1)
+    assert (settings.preset, settings.arch, settings.data, settings.variant, settings.model) == \
+        ("debug", "dense", "embedded", None, {})
+    assert (settings.max_steps, settings.warmup_steps, settings.tokens, settings.micro_batch) == (600, 30, None, None)
+    layout = ds_config.read(config)
+    assert (layout.micro_batch, layout.accumulation, layout.precision, layout.zero_stage) == (16, 1, "fp32", 1)
+    assert layout.offload_optimizer == "none" and config["optimizer"]["params"]["torch_adam"]  # nothing needs a GPU
+    model = model_config(settings.preset, settings.arch, 256, **settings.model)
+    preset = PRESETS["debug"]
+    assert not model.uses_moe and not model.uses_mod  # every block a plain attention + SwiGLU block
+    assert (model.hidden_size, model.num_hidden_layers, model.max_position_embeddings) == \
+        (preset.hidden_size, preset.num_hidden_layers, preset.seq_len) == (128, 4, 256)
 
 
-def test_the_phase_clock_charges_nested_phases_to_the_inner_one():
-    import time
+class _FakeClock:
+    """time.perf_counter and time.time for PhaseClock: they move only when the test advances them."""
 
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_phase_clock_charges_nested_phases_to_the_inner_one(monkeypatch):
+    from adaptive_ds.training import metrics
     from adaptive_ds.training.metrics import PhaseClock
 
-    clock = PhaseClock()
-    with clock.phase("setup"):
-        time.sleep(0.02)
-        with clock.phase("data"):
-            time.sleep(0.05)
-    assert 0.05 <= clock.seconds["data"] < clock.seconds["setup"] + 0.05
-    assert clock.seconds["setup"] < 0.05  # the nested data time is not charged twice
-    assert sum(clock.seconds.values()) <= clock.breakdown()["total"]
+    clock = _FakeClock()
+    monkeypatch.setattr(metrics.time, "perf_counter", clock)
+    phases = PhaseClock()
+    clock.advance(1.0)  # no phase: "other"
+    with phases.phase("setup"):
+        clock.advance(2.0)
+        with phases.phase("data"):
+            clock.advance(5.0)
+            with phases.phase("train"):
+                clock.advance(7.0)
+            clock.advance(0.5)
+        clock.advance(0.25)
+    with phases.phase("data"):  # a phase opened again adds to its total
+        clock.advance(3.0)
+    assert phases.seconds == {"setup": 2.25, "data": 8.5, "train": 7.0, "checkpoint": 0.0, "eval": 0.0}
+    assert phases.breakdown() == {**phases.seconds, "other": 1.0, "total": 18.75}
     with pytest.raises(ValueError, match="unknown phase 'io'; one of setup, data, train, checkpoint, eval"):
-        with clock.phase("io"):
+        with phases.phase("io"):
             pass
+    assert phases.breakdown()["total"] == 18.75
 
 
 def test_the_phase_clock_counts_start_up_as_setup():
