@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Training step time of this checkout against an older commit, side by side on one machine (BENCHMARKS.md,
-# "Training step against ff5bff4"): the same command in both trees, rounds interleaved with the order alternating,
+# Training step time of this checkout against an older commit, side by side on one machine: the same command in
+# both trees, rounds interleaved with the order alternating,
 #   python -m adaptive_ds.training --ds_config ds_configs/debug_cpu.json --max_steps 60 --eval_steps 0 --save_steps 0
 # and each run's data wait + training seconds (summary.json `time_breakdown_s`) printed.
 #
