@@ -26,8 +26,10 @@ import glob
 import logging
 import math
 import os
+import pickle
 import re
 import shutil
+import zipfile
 
 import torch
 from deepspeed.checkpoint.constants import (
@@ -61,7 +63,7 @@ def convert_moe_checkpoint(checkpoint_dir: str, output_dir: str, ep_size: int) -
     """Write `checkpoint_dir` (an MoE ZeRO-1/2 checkpoint) to `output_dir` in DeepSpeed's universal format, its
     experts laid out for expert-parallel size `ep_size`. Raises ValueError for a checkpoint it cannot convert."""
     shards = ZeroShards(checkpoint_dir)
-    model_states = torch.load(os.path.join(checkpoint_dir, MODEL_STATES), map_location="cpu", weights_only=False)
+    model_states = load(os.path.join(checkpoint_dir, MODEL_STATES))
     shapes = {name: shape for group in model_states["param_shapes"] for name, shape in group.items()}
     data_before_expert = bool(model_states["ds_config"].get("use_data_before_expert_parallelism", False))
     os.makedirs(os.path.join(output_dir, "zero"))
@@ -78,6 +80,14 @@ def convert_moe_checkpoint(checkpoint_dir: str, output_dir: str, ep_size: int) -
                 shards.world, shards.ep_size, ep_size)
 
 
+def load(path: str, mmap: bool = False) -> dict:
+    """A checkpoint file's contents, on the CPU; ValueError naming the file when it is not a readable torch file."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=mmap, weights_only=False)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path!r} cannot be read ({type(e).__name__}: {' '.join(str(e).split())})") from None
+
+
 class ZeroShards:
     """The ZeRO-1/2 optimizer files of one checkpoint, one per data-parallel rank, memory-mapped."""
 
@@ -89,16 +99,15 @@ class ZeroShards:
                 files[int(match.group(1))] = path
         if not files:
             raise ValueError(f"{checkpoint_dir!r} has no ZeRO optimizer files (zero_pp_rank_*_optim_states.pt): an "
-                             "MoE checkpoint resumes on another layout only from ZeRO stage 1 or 2")
+                             "MoE checkpoint is read only from ZeRO stage 1 or 2")
         if sorted(files) != list(range(len(files))):
             raise ValueError(f"{checkpoint_dir!r} lacks some ranks' optimizer files (found ranks {sorted(files)})")
         self.world = len(files)
-        self.states = [torch.load(files[rank], map_location="cpu", mmap=True, weights_only=False)[OPTIMIZER_STATE_DICT]
-                       for rank in range(self.world)]
+        self.states = [load(files[rank], mmap=True)[OPTIMIZER_STATE_DICT] for rank in range(self.world)]
         stage = self.states[0].get(ZERO_STAGE)
         if stage not in (1, 2):  # the ZeRO-1/2 optimizer's layout: flat fp32 partitions and their slice mappings
-            raise ValueError(f"{checkpoint_dir!r} was written with ZeRO stage {stage}: an MoE checkpoint resumes on "
-                             "another layout only from ZeRO stage 1 or 2")
+            raise ValueError(f"{checkpoint_dir!r} was written with ZeRO stage {stage}: an MoE checkpoint is read "
+                             "only from ZeRO stage 1 or 2")
         self.param_groups = self.states[0][BASE_OPTIMIZER_STATE][PARAM_GROUPS]
         self.num_groups = len(self.param_groups)
         expert_counts = {self.states[0][PARTITION_COUNT][g] for g in range(self.num_groups) if self.is_expert_group(g)}
@@ -119,24 +128,45 @@ class ZeroShards:
     def step(self, group: int):
         return self.states[0][BASE_OPTIMIZER_STATE]["state"][group].get("step")
 
-    def whole(self, group: int, ranks, name: str, shape) -> dict[str, torch.Tensor]:
-        """Parameter `name`'s fp32 weight and moments, joined from the fragments that `ranks` (its partition
-        group, in partition order) hold: partition k holds a contiguous piece of the group's flat buffer."""
+    def whole(self, group: int, ranks, name: str, shape, weight_only: bool = False) -> dict[str, torch.Tensor]:
+        """Parameter `name`'s fp32 weight and moments (only the weight, `weight_only`), joined from the fragments
+        that `ranks` (its partition group, in partition order) hold: partition k holds a contiguous piece of the
+        group's flat buffer."""
         pieces: dict[str, list[torch.Tensor]] = {}
         for rank in ranks:
             state = self.states[rank]
             fragment = state[PARAM_SLICE_MAPPINGS][group].get(name)
             if fragment is None:
                 continue
-            flat = {FP32_WEIGHT_KEY: state[SINGLE_PARTITION_OF_FP32_GROUPS][group],
-                    **{key: value for key, value in state[BASE_OPTIMIZER_STATE]["state"][group].items()
-                       if key != "step" and torch.is_tensor(value) and value.dim() == 1}}
+            flat = {FP32_WEIGHT_KEY: state[SINGLE_PARTITION_OF_FP32_GROUPS][group]}
+            if not weight_only:
+                flat.update({key: value for key, value in state[BASE_OPTIMIZER_STATE]["state"][group].items()
+                             if key != "step" and torch.is_tensor(value) and value.dim() == 1})
             for key, tensor in flat.items():
                 pieces.setdefault(key, []).append(tensor.narrow(0, fragment.start, fragment.numel))
-        tensors = {key: torch.cat(parts).view(shape) for key, parts in pieces.items()}
-        if not tensors or tensors[FP32_WEIGHT_KEY].numel() != math.prod(shape):
+        if sum(part.numel() for part in pieces.get(FP32_WEIGHT_KEY, [])) != math.prod(shape):
             raise ValueError(f"the optimizer files do not hold all of {name} {tuple(shape)}")
-        return tensors
+        return {key: torch.cat(parts).view(shape) for key, parts in pieces.items()}
+
+    def expert_slots(self, group: int) -> dict[tuple[str, str], int]:
+        """Expert group `group`'s parameters as {(prefix, suffix): number of local experts}: every ep rank names
+        its experts `<prefix><0..n-1><suffix>`, and global expert `ep_rank * n + local` is the model's."""
+        slots: dict[tuple[str, str], set[int]] = {}
+        for name in self.names(group):
+            match = EXPERT.fullmatch(name)
+            if match is None:
+                raise ValueError(f"{name} is in an expert param group but is not named like a DeepSpeed expert")
+            slots.setdefault((match["prefix"], match["suffix"]), set()).add(int(match["number"]))
+        for (prefix, suffix), numbers in slots.items():
+            if numbers != set(range(len(numbers))):
+                raise ValueError(f"{prefix}*{suffix}: local experts {sorted(numbers)} are not numbered from 0")
+        return {key: len(numbers) for key, numbers in slots.items()}
+
+    def expert_source(self, number: int, num_local: int, data_before_expert: bool) -> tuple[range, int]:
+        """Where global expert `number` (of `num_local` per ep rank) is: the ranks that partition its weights, in
+        partition order, and its local number there."""
+        ep_rank, local = divmod(number, num_local)
+        return _expert_data_parallel_ranks(self.world, self.ep_size, ep_rank, data_before_expert), local
 
     def common_state(self, ep_size: int) -> dict:
         """What zero/optimizer_state.pt holds: rank 0's state without the partitions, the param groups with
@@ -151,25 +181,17 @@ class ZeroShards:
 def _write_experts(shards: ZeroShards, group: int, shapes: dict, ep_size: int, data_before_expert: bool,
                    output_dir: str) -> None:
     """Each expert slot of the target layout: the experts it holds on each target ep rank, stacked."""
-    slots: dict[tuple[str, str], set[int]] = {}
-    for name in shards.names(group):
-        match = EXPERT.fullmatch(name)
-        if match is None:
-            raise ValueError(f"{name} is in an expert param group but is not named like a DeepSpeed expert")
-        slots.setdefault((match["prefix"], match["suffix"]), set()).add(int(match["number"]))
-    for (prefix, suffix), local_numbers in slots.items():
-        num_local = len(local_numbers)
+    for (prefix, suffix), num_local in shards.expert_slots(group).items():
         num_experts = num_local * shards.ep_size
-        if local_numbers != set(range(num_local)) or num_experts % ep_size:
-            raise ValueError(f"{prefix}*{suffix}: experts {sorted(local_numbers)} on each of {shards.ep_size} ep "
-                             f"ranks cannot be laid out over ep_size {ep_size}")
+        if num_experts % ep_size:
+            raise ValueError(f"{prefix}*{suffix}: {num_local} experts on each of {shards.ep_size} ep ranks cannot "
+                             f"be laid out over ep_size {ep_size}")
         target_local = num_experts // ep_size
         for slot in range(target_local):
             experts = []
             for target_rank in range(ep_size):
-                number = target_rank * target_local + slot
-                source_rank, source_slot = divmod(number, num_local)
-                ranks = _expert_data_parallel_ranks(shards.world, shards.ep_size, source_rank, data_before_expert)
+                ranks, source_slot = shards.expert_source(target_rank * target_local + slot, num_local,
+                                                          data_before_expert)
                 local_name = f"{prefix}{source_slot}{suffix}"
                 experts.append(shards.whole(group, ranks, local_name, shapes[local_name]))
             stacked = {key: torch.stack([expert[key] for expert in experts]) for key in experts[0]}
