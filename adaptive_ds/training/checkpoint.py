@@ -47,7 +47,7 @@ from deepspeed.checkpoint.constants import (
 from .. import distributed
 from ..data import EMBEDDED_SOURCES
 from ..models import AdaptiveDSConfig
-from . import universal
+from . import consolidate, universal
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ def _write_files(engine, root: str, tag: str, client_state: dict, tokenizer, dat
             _write_atomic(os.path.join(root, tag, f"data_rank{distributed.rank()}.json"), json.dumps(data_state))
         if distributed.rank() == 0:
             tokenizer.save_pretrained(os.path.join(root, tag, "tokenizer"))
+            consolidate.install_scripts(root)  # over DeepSpeed's zero_to_fp32.py, which cannot read MoE checkpoints
     except (OSError, RuntimeError) as e:
         return _one_line(e)
     return None
