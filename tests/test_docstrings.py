@@ -101,3 +101,33 @@ def test_a_bad_out_is_one_clear_error_and_destroys_nothing(tmp_path, capsys):
     with pytest.raises(SystemExit, match="already exists"):
         main(["--out", str(existing), "--roots", str(root)])
     assert existing.read_bytes() == b"precious" and not list(tmp_path.glob("*.partial"))
+
+
+def test_the_published_text_grids_name_a_corpus_the_repository_rebuilds(tmp_path, monkeypatch):
+    """BENCHMARKS.md's docstring-text grids record how their corpus was made: the builder's --out, prepare's --data
+    and --out, and the grids' --data chain up, all relative to the repository's root; the recorded --out builds a
+    shard there (here on a small installation)."""
+    import os
+    import re
+    import shlex
+
+    from conftest import ROOT
+
+    from adaptive_ds.grid import GridSpec
+
+    text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    build = shlex.split(re.search(r"python -m adaptive_ds\.data\.docstrings ([^`]*)`", text).group(1))
+    prepare = shlex.split(re.search(r"python -m adaptive_ds\.data\.prepare ([^`]*)`", text).group(1))
+    shard, prepared = build[build.index("--out") + 1], prepare[prepare.index("--out") + 1]
+    assert not os.path.isabs(shard) and not os.path.isabs(prepared)
+    assert prepare[prepare.index("--data") + 1] == os.path.dirname(shard)
+    grids = [json.loads(p.read_text()) for p in sorted((ROOT / "benchmarks").glob("grid_debug_text-prepared*.json"))]
+    assert grids and {g["data"] for g in grids} == {prepared}
+    assert all(f"--data {prepared} " in g["command"] for g in grids)
+    assert GridSpec("debug", (), (1,), 1, "x", data=prepared).data_name == "text-prepared"
+    root = tmp_path / "site"
+    _install(root)
+    monkeypatch.chdir(tmp_path)
+    os.makedirs(os.path.dirname(shard))
+    main([*build, "--roots", str(root)])
+    assert [row["text"] for row in _rows(tmp_path / shard)][0].startswith("Alpha")
