@@ -11,18 +11,28 @@ On a CUDA machine (sized for one H200: about 8 minutes, DeepSpeed's op builds in
   on the embedded corpus, with gradient accumulation 1 (the config's 64 would make 30 steps take ~15 minutes; the
   peak is the micro-batch's, whatever the accumulation): peak allocated and reserved beside the planner's peak.
 - benchmark: `adaptive_ds.benchmark` at debug_200m in bf16, every case interleaved in one process.
-- b7: b7 dense for a few optimizer steps on the one GPU, with ZeRO-2 and the optimizer offloaded to CPU as
+- b7: b7 dense for three optimizer steps on the one GPU, with ZeRO-2 and the optimizer offloaded to CPU as
   `ds_configs/b7_a100_40gb_offload.json` says (the planner: ~104 GiB of optimizer states do not fit beside the
   weights on the GPU), on random tokens through the DeepSpeed engine. Not through the training command: its end
   checkpoint (~110 GB of optimizer states) would not fit the machine's disk.
 
-Each stage runs in its own process, so an out-of-memory or a crash in one does not lose the others' figures. The
-figures go to one JSON file and to BENCHMARKS.md sections that carry the date, GPU, commit and command.
+Each stage runs in its own process, so an out-of-memory or a crash in one does not lose the others' figures. A
+stage passes when it runs to completion; the run passes when every stage does and every target of `TARGETS` (the
+GPU targets of BENCHMARKS.md, one table: the stage, the figure of its record, the threshold) is met. Each target is
+reported met or missed with its measured figure, in the JSON report, in the printed summary and in the BENCHMARKS.md
+section; the command exits non-zero when a stage failed or a target was missed or its figure is missing, and its
+last lines name the stage and the target. b7's rule: its three optimizer steps all ran with finite losses, and
+its peak allocated GPU memory is within an H200's (`adaptive_ds/hardware.py`).
+
+The JSON report goes to `--out` (default `runs/acceptance/acceptance_<gpu|dry>_<date>_<time>.json` under the
+working directory, which git ignores); a section of a Markdown file (with date, GPU, commit and command) only when
+`--benchmarks_md` names one: publishing is `--out benchmarks/acceptance_gpu.json --benchmarks_md BENCHMARKS.md`.
 
 Without CUDA the same command runs every stage at tiny sizes on CPU (debug preset, fp32, no offload, the GPU tests
-only collected, four benchmark cases, compiled with dynamo's eager backend), all in this one process, and writes no
-BENCHMARKS.md section unless asked: a check that the command still works, not a measurement.
-tests/test_acceptance.py runs it; a stage in its own process (`--stage`, what a CUDA machine runs) has its own test.
+only collected, four benchmark cases, compiled with dynamo's eager backend), all in this one process: a check that
+the command still works, not a measurement; its targets are "not measured (dry run)" and it exits 0 when every
+stage completed. tests/test_acceptance.py runs it, checks the verdicts on made-up stage records, and runs a stage in
+its own process (`--stage`, what a CUDA machine runs).
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import operator
 import os
 import shlex
 import shutil
@@ -39,10 +51,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from .distributed import DISTRIBUTED_VARIABLES
+from .hardware import DEVICES
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +67,44 @@ STAGES = ("gpu_tests", "b1_t4", "benchmark", "b7")
 TIMEOUT_S = {"gpu_tests": 300, "b1_t4": 180, "benchmark": 360, "b7": 300}
 DRY_TIMEOUT_S = 300  # generous: killing a stage while it builds a DeepSpeed op leaves a stale build lock
 DRY_RUN_CASES = ["dense", "dense_compile", "moe", "mod"]
+B1_T4_CAP_GIB = 15  # a T4's memory, as CUDA shows it
+B7_STEPS = 3
+
+
+class Target(NamedTuple):
+    """A GPU target: met when the figure at `figure` (a path of keys into its stage's record) compares to
+    `threshold` as `op` says. `name` is its row of the "GPU targets" table in BENCHMARKS.md."""
+
+    name: str
+    stage: str
+    figure: tuple[str, ...]
+    op: str  # ">=" or "<="
+    threshold: float
+    unit: str  # how the figure prints: "%" (a fraction as a percentage), "x" (a ratio), "GiB", "steps"
+
+
+H200_GIB = DEVICES["h200"].memory_gib
+TARGETS = (
+    Target("dense debug_200m >= 45% MFU", "benchmark", ("results", "dense", "mfu"), ">=", 0.45, "%"),
+    Target("dense >= 1.3x HF `LlamaForCausalLM` + `torch.compile` tokens/s (dense / hf_llama_compile)", "benchmark",
+           ("ratios", "dense/hf_llama_compile"), ">=", 1.3, "x"),
+    Target("moe >= 2.5x DeepSpeed's stock MoE (moe / moe_deepspeed), same routing", "benchmark",
+           ("ratios", "moe/moe_deepspeed"), ">=", 2.5, "x"),
+    Target("moe >= 2.5x HF `MixtralForCausalLM` (moe / hf_mixtral), same routing", "benchmark",
+           ("ratios", "moe/hf_mixtral"), ">=", 2.5, "x"),
+    Target("mod (capacity 0.5 in every block: the `mod` case) >= 1.6x dense (mod / dense)", "benchmark",
+           ("ratios", "mod/dense"), ">=", 1.6, "x"),
+    Target("hybrid (MoD 0.5 in every block) >= 1.4x moe (hybrid / moe)", "benchmark", ("ratios", "hybrid/moe"),
+           ">=", 1.4, "x"),
+    Target(f"`b1_t4.json` peak allocated <= 12 GiB under the {B1_T4_CAP_GIB} GiB cap, beside the planner's "
+           "prediction", "b1_t4", ("peak_allocated_gib",), "<=", 12.0, "GiB"),
+    Target(f"b7 dense trains on one H200 (ZeRO-2 + CPU Adam): its {B7_STEPS} optimizer steps ran with finite "
+           "losses", "b7", ("finite_loss_steps",), ">=", B7_STEPS, "steps"),
+    Target(f"b7 dense peak allocated within an H200's memory (<= {H200_GIB:g} GiB)", "b7", ("peak_allocated_gib",),
+           "<=", H200_GIB, "GiB"),
+)
+_OPS = {">=": operator.ge, "<=": operator.le}
+MET, MISSED, FIGURE_MISSING = "met", "missed", "not measured (figure missing)"
 
 
 def _ds_config(name: str, dry: bool, micro_batch: int | None = None) -> dict:
@@ -94,7 +146,8 @@ def stage_gpu_tests(dry: bool, workdir: Path) -> dict:
 
 
 def stage_b1_t4(dry: bool, workdir: Path) -> dict:
-    """The training command on b1_t4.json under a 15 GiB cap; peak memory beside the planner's."""
+    """The training command on b1_t4.json under a 15 GiB cap; peak memory beside the planner's. Completes when it
+    trained its steps (the peak is judged by its target)."""
     from .data.tokenizer import embedded_tokenizer
     from .plan import plan_ds_config
     from .training import train
@@ -105,16 +158,14 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
                                  eval_steps=0, save_steps=0, eval_batches=2)
     path, out = workdir / "b1_t4.json", workdir / "b1_t4_run"
     path.write_text(json.dumps(config))
-    argv = ["--ds_config", str(path), "--output_dir", str(out), "--gpu_memory_gib", "15"]
+    argv = ["--ds_config", str(path), "--output_dir", str(out), "--gpu_memory_gib", str(B1_T4_CAP_GIB)]
     train(argv)
     summary = json.loads((out / "summary.json").read_text())
     plan = plan_ds_config(preset, "dense", "t4", config, gpus=1, vocab_size=len(embedded_tokenizer()))
     result = {"command": "python -m adaptive_ds.training " + shlex.join(argv), "ds_config": config, **_peak(),
               "predicted_peak_gib": plan.peak_gib, "steps": summary["steps"],
               "training_tokens_per_s": summary.get("training_tokens_per_s"), "train_loss": summary["train_loss"],
-              "validation_loss": summary["validation_loss"]}
-    if "peak_allocated_gib" in result:
-        result["target_peak_allocated_le_12_gib"] = result["peak_allocated_gib"] <= 12
+              "validation_loss": summary["validation_loss"], "gpu_memory_cap_gib": B1_T4_CAP_GIB}
     shutil.rmtree(out)  # the end checkpoint holds ~20 GB of optimizer states
     result["ok"] = summary["steps"] == steps
     return result
@@ -136,7 +187,8 @@ def stage_benchmark(dry: bool, workdir: Path, micro_batch: int = 8) -> dict:
 
 
 def stage_b7(dry: bool, workdir: Path) -> dict:
-    """b7 dense for a few optimizer steps with ZeRO-2 and CPU Adam, as the planner says it fits one H200."""
+    """b7 dense for a few optimizer steps with ZeRO-2 and CPU Adam, as the planner says it fits one H200. Completes
+    when its steps ran (their losses and the peak are judged by its targets)."""
     import deepspeed
     import psutil
 
@@ -146,7 +198,7 @@ def stage_b7(dry: bool, workdir: Path) -> dict:
     from .presets import PRESETS, model_config
     from .training.optim import parameter_groups
 
-    preset, steps, vocab = ("debug", 2, 32000) if dry else ("b7", 3, 32000)
+    preset, steps, vocab = ("debug", 2, 32000) if dry else ("b7", B7_STEPS, 32000)
     config = _ds_config("b7_a100_40gb_offload.json", dry)
     config.pop("adaptive_ds")
     predicted = plan(preset, "dense", "h200", config, gpus=1, vocab_size=vocab, activation_checkpointing=True)
@@ -173,8 +225,8 @@ def stage_b7(dry: bool, workdir: Path) -> dict:
         times.append(time.perf_counter() - start)
     tokens = config["train_micro_batch_size_per_gpu"] * seq_len
     return {**result, **_peak(), "steps": steps, "step_s": times, "losses": losses,
-            "tokens_per_s_after_first": tokens * (steps - 1) / sum(times[1:]),
-            "ok": all(loss == loss for loss in losses)}
+            "finite_loss_steps": sum(math.isfinite(loss) for loss in losses),
+            "tokens_per_s_after_first": tokens * (steps - 1) / sum(times[1:]), "ok": len(losses) == steps}
 
 
 def _stage_function(name: str):
@@ -232,80 +284,211 @@ def _run_stage_here(name: str, workdir: Path, micro_batch: int) -> dict:
     return {**result, "seconds": time.perf_counter() - start}
 
 
+def _figure(record: dict, path: tuple[str, ...]) -> float | None:
+    """The number at `path` in a stage's record; None where it is absent, not a number, or not finite (an unknown
+    GPU's MFU, a peak a CPU does not have)."""
+    value = record
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def judge(stages: dict[str, dict], dry: bool) -> list[dict]:
+    """Each target's verdict from the stage records: "met" or "missed" with the measured figure, or "not measured"
+    and why (a dry run; its stage not among --stages; its stage failed; its figure missing from the record)."""
+    verdicts = []
+    for target in TARGETS:
+        record, measured = stages.get(target.stage), None
+        if dry:
+            verdict = "not measured (dry run)"
+        elif record is None:
+            verdict = "not measured (stage not run)"
+        elif not record.get("ok"):
+            verdict = "not measured (stage failed)"
+        else:
+            measured = _figure(record, target.figure)
+            if measured is None:
+                verdict = FIGURE_MISSING
+            else:
+                verdict = MET if _OPS[target.op](measured, target.threshold) else MISSED
+        verdicts.append({"target": target.name, "stage": target.stage, "figure": ".".join(target.figure),
+                         "op": target.op, "threshold": target.threshold, "unit": target.unit, "measured": measured,
+                         "verdict": verdict})
+    return verdicts
+
+
+def _show(value: float, unit: str) -> str:
+    if unit == "%":
+        return f"{100 * value:.1f}%"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "GiB":
+        return f"{value:.2f} GiB"
+    return f"{value:g} {unit}"
+
+
+def _last_line(error) -> str:
+    lines = str(error or "no error message").strip().splitlines()
+    return lines[-1] if lines else "no error message"
+
+
+def failures(report: dict) -> list[str]:
+    """One line per failed stage (naming the targets it left unmeasured) and per target missed or without its
+    figure; empty when the run passed."""
+    lines = []
+    for name, result in report["stages"].items():
+        if not result.get("ok"):
+            left = [v["target"] for v in report["targets"] if v["stage"] == name]
+            lines.append(f"stage {name} failed: {_last_line(result.get('error'))}"
+                         + (f"; not measured: {'; '.join(left)}" if left else ""))
+    for v in report["targets"]:
+        if v["verdict"] == MISSED:
+            lines.append(f"stage {v['stage']} missed target \"{v['target']}\": measured "
+                         f"{_show(v['measured'], v['unit'])}, needs {v['op']} {_show(v['threshold'], v['unit'])}")
+        elif v["verdict"] == FIGURE_MISSING:
+            lines.append(f"stage {v['stage']} did not measure target \"{v['target']}\": its record has no figure "
+                         f"{v['figure']}")
+    return lines
+
+
 def _gib(result: dict, key: str) -> str:
     return f"{result[key]:.2f} GiB" if key in result else "n/a"
 
 
+def _verdict_text(v: dict) -> str:
+    if v["verdict"] in (MET, MISSED):
+        return "met" if v["verdict"] == MET else "**missed**"
+    return v["verdict"]
+
+
 def markdown(report: dict) -> str:
-    """The BENCHMARKS.md section of an acceptance run: provenance and one line per stage."""
+    """The BENCHMARKS.md section of an acceptance run: provenance, one line per stage, one line per target."""
     stages = report["stages"]
     lines = [f"Measured {report['date']} on {report['machine']}, torch {report['torch']}, deepspeed "
              f"{report['deepspeed']}, commit {report['commit']}: `{report['command']}`"
              + (" (dry run on CPU: tiny sizes, no figures)." if report["dry_run"] else "."), "",
              "| stage | result | figures | seconds |", "|---|---|---|---|"]
     for name, r in stages.items():
-        status = "passed" if r.get("ok") else f"**failed**: {str(r.get('error', '')).splitlines()[-1:]}"
+        status = "completed" if r.get("ok") else f"**failed**: {_last_line(r.get('error'))}"
         if name == "gpu_tests":
             figures = f"`{r.get('command', '')}`: {r.get('summary', '')}"
         elif name == "b1_t4":
             figures = (f"peak allocated {_gib(r, 'peak_allocated_gib')}, reserved {_gib(r, 'peak_reserved_gib')} "
-                       f"under a 15 GiB cap; planner {_gib(r, 'predicted_peak_gib')}; "
+                       f"under a {B1_T4_CAP_GIB} GiB cap; planner {_gib(r, 'predicted_peak_gib')}; "
                        f"{r.get('training_tokens_per_s') or 0:,.0f} tokens/s; `{r.get('command', '')}`")
         elif name == "benchmark":
             figures = (f"{r.get('preset')} {r.get('precision')}, micro-batch {r.get('micro_batch')}: section "
                        f"`throughput:{r.get('preset')}:gpu` below")
         else:
             micro = r.get("ds_config", {}).get("train_micro_batch_size_per_gpu")
-            figures = (f"{len(r.get('step_s', []))} steps of {micro} x 2048 tokens, peak allocated "
+            figures = (f"{len(r.get('step_s', []))} steps of {micro} x 2048 tokens, losses "
+                       f"{', '.join(f'{loss:.3f}' for loss in r.get('losses', []))}, peak allocated "
                        f"{_gib(r, 'peak_allocated_gib')}, reserved "
                        f"{_gib(r, 'peak_reserved_gib')}; planner {_gib(r, 'predicted_peak_gib')} on the GPU, "
                        f"{_gib(r, 'predicted_cpu_states_gib')} in host memory; "
                        f"{r.get('tokens_per_s_after_first', 0):,.0f} tokens/s after the first step")
         lines.append(f"| {name} | {status} | {figures} | {r.get('seconds', 0):.0f} |")
+    lines += ["", "| target | stage | needs | measured | verdict |", "|---|---|---|---|---|"]
+    for v in report["targets"]:
+        measured = "-" if v["measured"] is None else _show(v["measured"], v["unit"])
+        lines.append(f"| {v['target']} | {v['stage']} | {v['op']} {_show(v['threshold'], v['unit'])} | {measured} | "
+                     f"{_verdict_text(v)} |")
     return "\n".join(lines)
 
 
-def run(stages: list[str], dry: bool, out: str, benchmarks_md: str | None, micro_batch: int) -> dict:
+def run(stages: list[str], dry: bool, micro_batch: int, command: str) -> dict:
+    """Every stage of `stages`, then the targets' verdicts: the report."""
     import deepspeed
 
-    from . import benchmark
-    from .report import commit, machine, replace_section
+    from .report import commit, machine
 
     workdir = Path(tempfile.mkdtemp(prefix="acceptance-"))
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(), "dry_run": dry,
-              "command": shlex.join(["python", "-m", "adaptive_ds.acceptance", *sys.argv[1:]]),
-              "torch": torch.__version__, "deepspeed": deepspeed.__version__, "stages": {}}
-    for name in stages:
-        logger.info("stage %s ...", name)
-        report["stages"][name] = result = _run_stage(name, dry, workdir, micro_batch)
-        logger.info("stage %s: %s in %.0f s", name, "passed" if result["ok"] else "FAILED", result["seconds"])
-    shutil.rmtree(workdir, ignore_errors=True)
+              "command": command, "torch": torch.__version__, "deepspeed": deepspeed.__version__, "stages": {}}
+    try:
+        for name in stages:
+            logger.info("stage %s ...", name)
+            report["stages"][name] = result = _run_stage(name, dry, workdir, micro_batch)
+            logger.info("stage %s: %s in %.0f s", name, "completed" if result["ok"] else "FAILED",
+                        result["seconds"])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report["targets"] = judge(report["stages"], dry)
+    return report
+
+
+def write(report: dict, out: str, benchmarks_md: str | None) -> None:
+    """The JSON report at `out`; the Markdown sections (acceptance, and the benchmark's throughput) only into
+    `benchmarks_md`."""
+    from . import benchmark
+    from .report import replace_section
+
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
         json.dump(report, f, indent=2)
+        f.write("\n")
     if benchmarks_md:
-        kind = "dry" if dry else "gpu"
+        kind = "dry" if report["dry_run"] else "gpu"
         replace_section(benchmarks_md, f"acceptance:{kind}", markdown(report),
                         f"GPU acceptance (`python -m adaptive_ds.acceptance`), {report['machine']}")
         bench = report["stages"].get("benchmark", {})
         if bench.get("ok"):
             benchmark.write_section(benchmarks_md, bench)
-    return report
+
+
+def summary_lines(report: dict, out: str) -> list[str]:
+    """What the command prints: each stage, each target, the report's path, and last, what failed (if anything)."""
+    lines = [f"stage {name}: {'completed' if r['ok'] else 'FAILED'} ({r.get('seconds', 0):.0f} s)"
+             for name, r in report["stages"].items()]
+    for v in report["targets"]:
+        measured = "" if v["measured"] is None else f": {_show(v['measured'], v['unit'])}"
+        lines.append(f"target {v['target']} [{v['stage']}, needs {v['op']} {_show(v['threshold'], v['unit'])}]: "
+                     f"{v['verdict'].upper() if v['verdict'] == MISSED else v['verdict']}{measured}")
+    lines.append(f"report: {out}")
+    failed = failures(report)
+    if failed:
+        lines += [f"FAILED: {line}" for line in failed]
+    elif report["dry_run"]:
+        lines.append("dry run: every stage completed; no target measured")
+    else:
+        lines.append("passed: every stage completed and every target measured was met")
+    return lines
+
+
+def default_out(dry: bool) -> str:
+    """Under the working directory's runs/ (git-ignored): never the repository's committed results."""
+    return os.path.join("runs", "acceptance",
+                        f"acceptance_{'dry' if dry else 'gpu'}_{time.strftime('%Y-%m-%d_%H%M%S')}.json")
 
 
 def main(argv: list[str] | None = None) -> None:
     from . import distributed
+    from .report import check_markdown_path
 
     p = argparse.ArgumentParser(description="The GPU acceptance run (a dry run of every stage without CUDA).")
     p.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
-    p.add_argument("--out", help="the JSON report (default: benchmarks/acceptance_gpu.json; dry run: a temp file)")
-    p.add_argument("--benchmarks_md", help="write the sections into this file (default on CUDA: BENCHMARKS.md)")
+    p.add_argument("--out", help="the JSON report (default: runs/acceptance/acceptance_<gpu|dry>_<date>_<time>.json "
+                                 "under the working directory)")
+    p.add_argument("--benchmarks_md", help="also write the sections into this Markdown file (BENCHMARKS.md to "
+                                           "publish); by default no Markdown file is touched")
     p.add_argument("--micro_batch", type=int, default=8, help="the benchmark's micro-batch at debug_200m")
     p.add_argument("--dry_run", action="store_true", help="tiny sizes on CPU even where CUDA is available")
     p.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # internal: one stage in this process
     p.add_argument("--stage_out", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.micro_batch < 1:
+        p.error(f"--micro_batch {args.micro_batch} must be at least 1")
+    try:
+        check_markdown_path(args.benchmarks_md)
+    except ValueError as error:
+        p.error(str(error))
+    if args.out and os.path.isdir(args.out):
+        p.error(f"--out {args.out!r} is a folder; it names the JSON report's file")
     distributed.setup_logging(logging.INFO)
     dry = args.dry_run or not torch.cuda.is_available()
     if args.stage:
@@ -317,15 +500,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     if dry:
         logger.warning("no CUDA device (or --dry_run): dry run of every stage at tiny sizes on CPU; nothing measured")
-    out = args.out or (os.path.join(tempfile.gettempdir(), "acceptance_dry_run.json") if dry
-                       else str(ROOT / "benchmarks" / "acceptance_gpu.json"))
-    benchmarks_md = args.benchmarks_md or (None if dry else str(ROOT / "BENCHMARKS.md"))
-    report = run(args.stages, dry, out, benchmarks_md, args.micro_batch)
-    for name, r in report["stages"].items():
-        print(f"{name}: {'passed' if r['ok'] else 'FAILED'} ({r['seconds']:.0f} s)"
-              + ("" if r["ok"] else f": {str(r.get('error', ''))[-300:]}"))
-    print(f"report: {out}")
-    if not all(r["ok"] for r in report["stages"].values()):
+    out = args.out or default_out(dry)
+    try:  # a report that cannot be written is found before the stages run, not after
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        p.error(f"--out {out!r}: cannot make its folder ({error.strerror})")
+    command = shlex.join(["python", "-m", "adaptive_ds.acceptance", *(sys.argv[1:] if argv is None else argv)])
+    report = run(args.stages, dry, args.micro_batch, command)
+    write(report, out, args.benchmarks_md)
+    print("\n".join(summary_lines(report, out)))
+    if failures(report):
         sys.exit(1)
 
 
