@@ -18,7 +18,13 @@ Everything here is a projection from a stated model, not a measurement:
 - FLOPs per token: `adaptive_ds.flops` (6 x active parameters + attention); tokens/s upper bound = peak
   dense TFLOP/s / FLOPs per token, and a projection at a stated MFU.
 
-`validation_table()` compares predicted peaks with measured ones (BENCHMARKS.md records the table).
+Whether a plan runs: its peak fits the GPU's memory, its offloaded optimizer states fit the CPU RAM per GPU of
+the usual instance with that GPU (`adaptive_ds/hardware.py`), and DeepSpeed takes the layout (no MoE under ZeRO-3,
+an expert-parallel group that divides the GPUs). What runs instead of one that does not: `adaptive_ds.plan_advice`.
+
+`validation_table()` compares predicted peaks with measured ones (BENCHMARKS.md records the table): the GPU rows an
+external reference (an independent model, its figures and provenance in benchmarks/external/), the CPU rows this
+project's models.
 """
 
 from __future__ import annotations
@@ -27,15 +33,16 @@ import argparse
 import json
 import math
 import os
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import asdict, dataclass
+from functools import lru_cache, partial
+from pathlib import Path
 
 from . import ds_config as ds_config_reader
 from .ds_config import ConfigError
 from .flops import training_flops_per_token
 from .hardware import DEVICES, GPUS
 from .models.configuration import AdaptiveDSConfig
-from .presets import MODEL_VARIANTS, PRESETS, block_parameters, model_config, parameter_counts
+from .presets import MODEL_VARIANTS, PRESETS, ParameterCounts, block_parameters, model_config, parameter_counts
 
 GIB = 2**30
 
@@ -64,18 +71,16 @@ def expert_parameters(config: AdaptiveDSConfig) -> int:
                                                           range(config.num_hidden_layers)))
 
 
-def model_state_bytes(config: AdaptiveDSConfig, layout: Layout, gpus: int) -> tuple[float, float]:
-    """(GPU bytes, CPU bytes) of weights, gradients and optimizer states on one rank.
+def model_state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int) -> tuple[float, float]:
+    """(GPU bytes, CPU bytes) of weights, gradients and optimizer states on one rank, for `total` parameters of which
+    `experts` are split over `ep_size` ranks.
 
     Per parameter: the weights and their gradients in the training precision; DeepSpeed's ZeRO optimizer then
     keeps an fp32 master copy, an fp32 gradient partition and Adam's two moments (16 bytes), whatever the
     precision. Without ZeRO, fp32 training keeps only Adam's moments beside the weights.
     """
-    total = parameter_counts(config).total
-    experts = expert_parameters(config)
-    ep = config.moe_ep_size if config.uses_moe else 1
     # (parameters on this rank, ranks sharing their ZeRO partitions)
-    groups = [(total - experts, gpus), (experts / ep, max(1, gpus // ep))]
+    groups = [(total - experts, gpus), (experts / ep_size, max(1, gpus // ep_size))]
     w = g = 2 if layout.half_precision else 4
     opt = 16 if layout.zero_stage >= 1 or layout.half_precision else 8
     gpu = cpu = 0.0
@@ -112,6 +117,27 @@ def activation_bytes(config: AdaptiveDSConfig, layout: Layout, seq_len: int, che
     return sum(per_layer) + logits
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the planner needs of a model, computed once per model (the advice plans many layouts of one model)."""
+
+    config: AdaptiveDSConfig
+    counts: ParameterCounts
+    experts: int  # expert_parameters(config)
+    flops_per_token: float
+
+
+@lru_cache(maxsize=512)
+def _model_facts(preset: str, arch: str, vocab_size: int, overrides_json: str) -> ModelFacts:
+    config = model_config(preset, arch, vocab_size, **json.loads(overrides_json))
+    return ModelFacts(config, parameter_counts(config), expert_parameters(config),
+                      training_flops_per_token(config, PRESETS[preset].seq_len))
+
+
+def model_facts(preset: str, arch: str, vocab_size: int, overrides: dict | None = None) -> ModelFacts:
+    return _model_facts(preset, arch, vocab_size, json.dumps(overrides or {}, sort_keys=True))
+
+
 @dataclass
 class Plan:
     preset: str
@@ -121,14 +147,15 @@ class Plan:
     total_parameters: int
     active_parameters: int
     model_states_gib: float
-    cpu_states_gib: float
+    cpu_states_gib: float  # per GPU: the optimizer states ZeRO-Offload keeps in CPU RAM for each rank
     activations_gib: float
     activations_without_checkpointing_gib: float
     activations_with_checkpointing_gib: float
     peak_gib: float
     gpu_memory_gib: float
-    fits: bool
-    advice: str
+    fits: bool  # the predicted peak fits the GPU's memory
+    host_memory_gib: float | None  # CPU RAM per GPU of the usual instance with this GPU (adaptive_ds/hardware.py)
+    problems: list[str]  # what else stops it running as planned (DeepSpeed refuses the layout, the host is short)
     flops_per_token: float
     tokens_per_s_bound: float
     tokens_per_s_projected: float
@@ -137,6 +164,16 @@ class Plan:
     hours: float
     cost_usd: float
     price_per_gpu_hour: float
+
+    @property
+    def runs(self) -> bool:
+        return self.fits and not self.problems
+
+    @property
+    def verdict(self) -> str:
+        if not self.fits:
+            return "; ".join([f"does not fit ({self.peak_gib:.1f} > {self.gpu_memory_gib:.0f} GiB)", *self.problems])
+        return "fits" if not self.problems else "fits the GPU, but " + "; ".join(self.problems)
 
 
 def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, tokens: int | None = None,
@@ -147,10 +184,11 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
     copy of the weights that exists while DeepSpeed flattens them into its contiguous buffer: a GPU allocator
     frees it before the training peak, but the C allocator keeps it in the process."""
     seq_len = PRESETS[preset].seq_len
-    config = model_config(preset, arch, vocab_size, **(model_overrides or {}))
+    model = model_facts(preset, arch, vocab_size, model_overrides)
+    config, counts = model.config, model.counts
     layout = Layout.from_ds_config(ds_config, activation_checkpointing)
-    counts = parameter_counts(config)
-    states_gpu, states_cpu = model_state_bytes(config, layout, gpus)
+    ep_size = config.moe_ep_size if config.uses_moe else 1
+    states_gpu, states_cpu = model_state_bytes(counts.total, model.experts, ep_size, layout, gpus)
     if cpu_process:
         states_gpu += counts.total * (2 if layout.half_precision else 4)
     without = activation_bytes(config, layout, seq_len, checkpointing=False)
@@ -161,76 +199,116 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
     price = price if price is not None else device.price_per_hour
     if price is None:
         raise ConfigError(f"no $/hour is known for {gpu} (adaptive_ds/hardware.py); pass --price")
-    capacity = device.memory_gib
-    fits = peak <= capacity
-    advice = "fits" if fits else _advice(layout, peak, capacity, with_ckpt, states_gpu)
-    flops = training_flops_per_token(config, seq_len)
-    bound = gpus * device.peak_tflops * 1e12 / flops
+    bound = gpus * device.peak_tflops * 1e12 / model.flops_per_token
     projected = bound * mfu
     tokens = tokens if tokens is not None else 20 * counts.total  # Chinchilla (Hoffmann et al. 2022)
     hours = tokens / projected / 3600
-    return Plan(preset, arch, gpu, gpus, counts.total, counts.active, states_gpu / GIB, states_cpu / GIB,
-                activations / GIB, without / GIB, with_ckpt / GIB, peak, capacity, fits, advice, flops, bound,
-                projected, mfu, tokens, hours, hours * gpus * price, price)
+    return Plan(preset=preset, arch=arch, gpu=gpu, gpus=gpus, total_parameters=counts.total,
+                active_parameters=counts.active, model_states_gib=states_gpu / GIB, cpu_states_gib=states_cpu / GIB,
+                activations_gib=activations / GIB, activations_without_checkpointing_gib=without / GIB,
+                activations_with_checkpointing_gib=with_ckpt / GIB, peak_gib=peak,
+                gpu_memory_gib=device.memory_gib, fits=peak <= device.memory_gib,
+                host_memory_gib=device.host_memory_gib,
+                problems=_problems(config, layout, gpus, gpu, states_cpu / GIB), flops_per_token=model.flops_per_token,
+                tokens_per_s_bound=bound, tokens_per_s_projected=projected, mfu=mfu, tokens=tokens, hours=hours,
+                cost_usd=hours * gpus * price, price_per_gpu_hour=price)
 
 
-def _advice(layout: Layout, peak: float, capacity: float, with_ckpt: float, states: float) -> str:
-    steps = []
-    if not layout.activation_checkpointing:
-        steps.append(f"enable activation checkpointing (activations {with_ckpt / GIB:.1f} GiB)")
-    if layout.micro_batch > 1:
-        steps.append("lower the micro-batch (raise accumulation to keep the global batch)")
-    if not layout.offload_optimizer:
-        steps.append("offload the optimizer to CPU (ZeRO-Offload)")
-    if layout.zero_stage < 3:
-        steps.append("raise the ZeRO stage and use more GPUs")
-    return f"does not fit ({peak:.1f} > {capacity:.0f} GiB): " + "; ".join(steps or ["use a larger GPU"])
+def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, gpu: str, cpu_gib: float) -> list[str]:
+    """What stops a layout that fits the GPU: what DeepSpeed refuses, and a host too small for the offload."""
+    found = []
+    if config.uses_moe and layout.zero_stage == 3:
+        found.append("DeepSpeed MoE does not run under ZeRO stage 3 (stage 1 or 2 with expert parallelism does)")
+    if config.uses_moe and gpus % config.moe_ep_size:
+        found.append(f"moe_ep_size {config.moe_ep_size} needs a multiple of {config.moe_ep_size} GPUs, not {gpus}")
+    host = DEVICES[gpu].host_memory_gib
+    if host is not None and cpu_gib > host:
+        found.append(f"the offloaded optimizer needs {cpu_gib:.1f} GiB of CPU RAM per GPU, more than the "
+                     f"{host:.0f} GiB per GPU of the usual {gpu} host, {DEVICES[gpu].host_instance}")
+    return found
 
 
-# Measured peaks. GPU rows: shared/anchors (t4_fit.py, a 1.10B Llama = b1 dense with vocab 32000, in a 15 GiB
-# slice of an H200, torch.cuda.max_memory_allocated). CPU rows: `python -m adaptive_ds.benchmark --memory
-# --preset debug_200m --cases ARCH --micro_batch N [--checkpointing] [--experts 4]` on the 2-core CPU machine
-# (fp32, ZeRO-1, embedded vocab 128; peak RSS minus the RSS before the model was built), 2026-11-30. The mod and
-# hybrid rows ran at MoD capacity 0.5 in every block (then mod's default, the benchmark's cases still), the hybrid
-# around top-2 MoE blocks, so they name it.
-MEASURED = [
-    {"device": "cuda", "hardware": "H200 capped at 15 GiB (a T4's memory)", "preset": "b1", "arch": "dense",
-     "vocab_size": 32000, "checkpointing": True, "gib": 4.76,
-     "ds_config": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
-                   "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
-     "source": "shared/anchors/t4_fit_mb1.json (H200 capped at 15 GiB)"},
-    {"device": "cuda", "hardware": "H200 capped at 15 GiB (a T4's memory)", "preset": "b1", "arch": "dense",
-     "vocab_size": 32000, "checkpointing": True, "gib": 5.98,
-     "ds_config": {"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": True},
-                   "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
-     "source": "shared/anchors/t4_fit_mb4.json (H200 capped at 15 GiB)"},
-    {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
-     "arch": "dense", "vocab_size": 128, "checkpointing": False,
-     "gib": 5.72, "ds_config": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}},
+def host_memory_text(p: Plan) -> str:
+    """The CPU RAM a plan's offloaded optimizer needs, beside what the usual host of its GPU has."""
+    device = DEVICES[p.gpu]
+    need = f"{p.cpu_states_gib:.1f} GiB of CPU RAM per GPU for the offloaded optimizer"
+    if device.host_memory_gib is None:
+        return f"{need} (no usual {p.gpu} host is known: compare with the machine's)"
+    return f"{need}, of the {device.host_memory_gib:.0f} GiB per GPU of the usual {p.gpu} host, {device.host_instance}"
+
+
+# Measured peaks. The GPU rows are an external reference (EXTERNAL_LABEL): an independent 1.10B Llama with b1's
+# dimensions, measured by a script outside this project; their raw figures and provenance are the files in
+# benchmarks/external/. The CPU rows measure this project's models: `python -m adaptive_ds.benchmark --memory
+# --preset debug_200m --cases ARCH --micro_batch N [--checkpointing] [--experts 4]` on the 2-core CPU machine (fp32,
+# ZeRO-1, embedded vocab 128; peak RSS minus the RSS before the model was built), 2026-11-30. The mod and hybrid rows
+# ran at MoD capacity 0.5 in every block (then mod's default, the benchmark's cases still), the hybrid around top-2
+# MoE blocks, so they name it.
+EXTERNAL = Path(__file__).resolve().parents[1] / "benchmarks" / "external"
+EXTERNAL_LABEL = "external reference: an independent 1.1B Llama, not this project's code"
+CPU = "CPU, 2 cores (peak RSS over the RSS before the model)"
+MEASURED_CPU = [
+    {"device": "cpu", "hardware": CPU, "preset": "debug_200m", "arch": "dense", "vocab_size": 128,
+     "checkpointing": False, "gib": 5.72,
+     "ds_config": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}},
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1"},
-    {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
-     "arch": "mod", "vocab_size": 128, "checkpointing": True, "model": MODEL_VARIANTS["mod_half"],
+    {"device": "cpu", "hardware": CPU, "preset": "debug_200m", "arch": "mod", "vocab_size": 128, "checkpointing": True,
+     "model": MODEL_VARIANTS["mod_half"],
      "gib": 4.40, "ds_config": {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}},
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases mod --micro_batch 2 "
                "--checkpointing"},
     # MoE with 4 experts (the preset's 8 would need ~25 GiB, more than the 23 GiB machine)
-    {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
-     "arch": "moe", "vocab_size": 128, "checkpointing": False, "model": {"num_local_experts": 4},
+    {"device": "cpu", "hardware": CPU, "preset": "debug_200m", "arch": "moe", "vocab_size": 128, "checkpointing": False,
+     "model": {"num_local_experts": 4},
      "gib": 14.42, "ds_config": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}},
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases moe --micro_batch 1 --experts 4"},
-    {"device": "cpu", "hardware": "CPU, 2 cores (peak RSS over the RSS before the model)", "preset": "debug_200m",
-     "arch": "hybrid", "vocab_size": 128, "checkpointing": True,
-     "model": {"num_local_experts": 4, **MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2},
+    {"device": "cpu", "hardware": CPU, "preset": "debug_200m", "arch": "hybrid", "vocab_size": 128,
+     "checkpointing": True, "model": {"num_local_experts": 4, **MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2},
      "gib": 14.08, "ds_config": {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}},
      "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases hybrid --micro_batch 4 "
                "--checkpointing --experts 4"},
 ]
 
 
+def _preset_of(model: dict, seq_len: int) -> str:
+    """The preset with an external model's dimensions."""
+    dimensions = (model["hidden_size"], model["num_hidden_layers"], model["num_attention_heads"],
+                  model["num_key_value_heads"], model["intermediate_size"], seq_len)
+    for name, p in PRESETS.items():
+        if (p.hidden_size, p.num_hidden_layers, p.num_attention_heads, p.num_key_value_heads, p.intermediate_size,
+                p.seq_len) == dimensions:
+            return name
+    raise ValueError(f"no preset has the external model's dimensions {dimensions} (adaptive_ds/presets.py)")
+
+
+def external_measurements() -> list[dict]:
+    """The GPU rows, from their files in benchmarks/external/ (figures as measured, provenance in words)."""
+    paths = sorted(EXTERNAL.glob("t4_fit_mb*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no external reference figures (t4_fit_mb*.json) in {EXTERNAL}; the planner's "
+                                "validation reads them from a checkout of the repository")
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        figures, provenance = data["figures"], data["provenance"]
+        rows.append({"device": "cuda", "hardware": f"{provenance['hardware']} (a T4's memory)",
+                     "preset": _preset_of(provenance["model"], provenance["seq_len"]), "arch": "dense",
+                     "vocab_size": provenance["model"]["vocab_size"],
+                     "checkpointing": provenance["activation_checkpointing"], "gib": figures["peak_alloc_GiB"],
+                     "ds_config": provenance["ds_config"],
+                     "source": f"{EXTERNAL_LABEL} (`benchmarks/external/{path.name}`)"})
+    return rows
+
+
+def measurements() -> list[dict]:
+    return external_measurements() + MEASURED_CPU
+
+
 def validation_table() -> list[dict]:
     """Predicted against measured peak memory for every measured configuration."""
     rows = []
-    for m in MEASURED:
+    for m in measurements():
         p = plan(m["preset"], m["arch"], "h200", m["ds_config"], vocab_size=m["vocab_size"],
                  activation_checkpointing=m["checkpointing"],
                  model_overrides={"moe_drop_tokens": False, **m.get("model", {})},
@@ -276,14 +354,27 @@ def _hours(hours: float) -> str:
     return f"{hours * 60:,.0f} min" if hours < 1 else f"{hours:,.0f} h" if hours < 48 else f"{hours / 24:,.0f} days"
 
 
+def _host_column(p: Plan) -> str:
+    """CPU RAM per GPU for the offloaded optimizer, beside the usual host's RAM per GPU."""
+    if not p.cpu_states_gib or p.host_memory_gib is None:
+        return f"{p.cpu_states_gib:.1f} GiB"
+    over = ", **more than the usual host**" if p.cpu_states_gib > p.host_memory_gib else ""
+    return f"{p.cpu_states_gib:.1f} of {p.host_memory_gib:.0f} GiB{over}"
+
+
 def projections_markdown(config_dir: str = "ds_configs", mfu: float = 0.35) -> str:
-    """The projected tables of BENCHMARKS.md, one per preset."""
+    """The projected tables of BENCHMARKS.md, one per preset, each followed by what runs instead of its rows that
+    do not."""
+    from .plan_advice import advise  # it plans through this module
+
     lines = [
         f"Projected by `python -m adaptive_ds.plan --write BENCHMARKS.md` (the planner's model, not measurements): "
         f"vocabulary 32,000, one token budget per preset for every architecture (Chinchilla for the dense model: 20 "
         f"tokens per parameter), {100 * mfu:.0f}% MFU assumed, "
         "prices from `adaptive_ds/hardware.py`. Loss, perplexity and routing statistics are not projected: only a "
-        "training run measures them, and none has run at these scales yet.",
+        "training run measures them, and none has run at these scales yet. CPU RAM is per GPU, beside the RAM per "
+        "GPU of the usual cloud instance with that GPU (`adaptive_ds/hardware.py`). Under each table, what runs "
+        "instead of a row that does not: the planner's advice, each advised config planned again.",
     ]
     for preset in dict.fromkeys(s[0] for s in SCENARIOS):
         budget = 20 * parameter_counts(model_config(preset, "dense", 32000)).total
@@ -291,6 +382,7 @@ def projections_markdown(config_dir: str = "ds_configs", mfu: float = 0.35) -> s
                   "| arch | params (total / active) | hardware, config | predicted peak per GPU | CPU RAM (offload) "
                   "| GFLOP per token | tokens/s bound | projected tokens/s | tokens | time | cost | $ per 1B tokens |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        instead = []
         for name, archs, gpu, config in SCENARIOS:
             if name != preset:
                 continue
@@ -300,16 +392,29 @@ def projections_markdown(config_dir: str = "ds_configs", mfu: float = 0.35) -> s
                 lines.append(
                     f"| {arch} | {p.total_parameters / 1e6:,.0f}M / {p.active_parameters / 1e6:,.0f}M | "
                     f"{p.gpus} x {gpu}, `{config}` | {p.peak_gib:.1f} of {p.gpu_memory_gib:.0f} GiB, {fits} | "
-                    f"{p.cpu_states_gib:.1f} GiB | {p.flops_per_token / 1e9:.2f} | {p.tokens_per_s_bound:,.0f} | "
+                    f"{_host_column(p)} | {p.flops_per_token / 1e9:.2f} | {p.tokens_per_s_bound:,.0f} | "
                     f"{p.tokens_per_s_projected:,.0f} | {p.tokens / 1e9:,.1f}B | {_hours(p.hours)} | "
                     f"${p.cost_usd:,.0f} | ${p.cost_usd / p.tokens * 1e9:,.2f} |")
+                if not p.runs:
+                    advice = advise(preset, arch, gpu, ds_config_reader.load(os.path.join(config_dir, config)),
+                                    mfu=mfu, tokens=budget)
+                    instead.append(f"- {arch} on {p.gpus} x {gpu}, `{config}`:"
+                                   + ("" if advice else " nothing the planner can change runs"))
+                    instead += [f"  - {'; '.join(a.changes)}: {a.plan.peak_gib:.1f} GiB per GPU"
+                                + (f", {a.plan.cpu_states_gib:.1f} GiB of CPU RAM per GPU" if a.plan.cpu_states_gib
+                                   else "") for a in advice]
+        if instead:
+            lines += [""] + instead
     return "\n".join(lines)
 
 
 def validation_markdown() -> str:
     """Predicted against measured peak memory, as BENCHMARKS.md shows it."""
-    lines = ["| device | run | measured peak | predicted | error | measured by |", "|---|---|---|---|---|---|"]
-    for m, row in zip(MEASURED, validation_table(), strict=True):
+    lines = [f"GPU rows: {EXTERNAL_LABEL}, with b1's dimensions, measured by a script outside this project (its "
+             "figures and provenance: `benchmarks/external/`). CPU rows: this project's models, measured by the "
+             "command beside each.", "",
+             "| device | run | measured peak | predicted | error | measured by |", "|---|---|---|---|---|---|"]
+    for m, row in zip(measurements(), validation_table(), strict=True):
         ds = ds_config_reader.read(m["ds_config"])
         offload = f" + {ds.offload_optimizer.upper()} Adam" if ds.offload_optimizer != "none" else ""
         model = m.get("model", {})
@@ -333,20 +438,30 @@ def write_benchmarks(path: str) -> None:
     replace_section(path, "plan:projections", projections_markdown(), "Projections (planner, not measurements)")
 
 
-def format_plan(p: Plan) -> str:
-    return "\n".join([
+def format_plan(p: Plan, advice: list = ()) -> str:
+    """The CLI's report of a plan and, when it does not run, the advice (`plan_advice.Advice`) of what does."""
+    lines = [
         f"{p.preset} {p.arch} on {p.gpus} x {p.gpu} (projection from the planner's model, not a measurement)",
         f"  parameters: {p.total_parameters:,} total, {p.active_parameters:,} active",
         f"  model states per GPU: {p.model_states_gib:.2f} GiB; in CPU RAM (offload): {p.cpu_states_gib:.2f} GiB",
         f"  activations per GPU: {p.activations_without_checkpointing_gib:.2f} GiB without checkpointing, "
         f"{p.activations_with_checkpointing_gib:.2f} GiB with",
-        f"  predicted peak: {p.peak_gib:.2f} GiB of {p.gpu_memory_gib:.0f} GiB -> {p.advice}",
+        f"  predicted peak: {p.peak_gib:.2f} GiB of {p.gpu_memory_gib:.0f} GiB -> {p.verdict}",
+    ]
+    if p.cpu_states_gib and p.runs:
+        lines.append(f"  {host_memory_text(p)}")
+    if not p.runs:
+        lines.append("  what runs instead (each planned again; --json prints its ds_config):" if advice else
+                     "  nothing this planner can change runs: use a GPU with more memory")
+        lines += [f"    - {item.text}" for item in advice]
+    lines += [
         f"  training FLOPs per token: {p.flops_per_token / 1e9:.2f} GFLOP",
         f"  tokens/s: at most {p.tokens_per_s_bound:,.0f} (peak {DEVICES[p.gpu].peak_tflops:.0f} TFLOP/s per GPU); "
         f"projected {p.tokens_per_s_projected:,.0f} at {100 * p.mfu:.0f}% MFU",
         f"  {p.tokens:,} tokens: {p.hours:,.1f} h, ${p.cost_usd:,.0f} at ${p.price_per_gpu_hour:.2f}/GPU-hour; "
         f"${p.cost_usd / p.tokens * 1e9:,.2f} per 1B tokens",
-    ])
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -354,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--arch", default="dense", choices=["dense", "moe", "mod", "hybrid"])
     p.add_argument("--gpu", choices=GPUS)
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpus", type=int, help="GPUs (default: what the ds_config's batch sizes imply, else 1)")
     p.add_argument("--ds_config", help="DeepSpeed config (default: fp16, ZeRO-2, micro-batch 1)")
     p.add_argument("--tokens", type=int, help="token budget (default: 20 x total parameters)")
     p.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed for the projection")
@@ -365,6 +480,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--write", metavar="BENCHMARKS_MD",
                    help="rewrite the validation and projection tables of this Markdown file and stop")
     args = p.parse_args(argv)
+    from .plan_advice import advise  # it plans through this module
+
     if args.write:
         if not os.path.isfile(args.write):
             raise SystemExit(f"error: {args.write!r} not found; pass the path of BENCHMARKS.md")
@@ -378,11 +495,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         raw = ds_config_reader.load(args.ds_config) if args.ds_config else {
             "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
-        result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, tokens=args.tokens, mfu=args.mfu,
-                                price=args.price, vocab_size=args.vocab_size)
-    except ConfigError as error:
+        options = dict(tokens=args.tokens, mfu=args.mfu, price=args.price, vocab_size=args.vocab_size)
+        result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, **options)
+        advice = advise(args.preset, args.arch, args.gpu, raw, args.gpus, **options)
+    except ValueError as error:  # a ConfigError, or a model configuration the preset cannot take
         raise SystemExit(f"error: {error}") from None
-    print(json.dumps(result.__dict__, indent=2) if args.json else format_plan(result))
+    if args.json:
+        print(json.dumps({**asdict(result), "runs": result.runs, "advice": [
+            {"text": item.text, "gpus": item.gpus, "ds_config": item.ds_config} for item in advice]}, indent=2))
+    else:
+        print(format_plan(result, advice))
     if not math.isfinite(result.peak_gib):
         raise SystemExit("error: the plan is not finite")
 

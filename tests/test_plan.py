@@ -1,32 +1,84 @@
-"""The planner: its memory model against measured peaks, fit decisions, throughput bounds and costs."""
+"""The planner: its memory model against stored and fresh measurements, fit decisions, throughput bounds and
+costs."""
 
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
 
+from adaptive_ds.benchmark import CASES
 from adaptive_ds.hardware import DEVICES
-from adaptive_ds.plan import SCENARIOS, main, plan, plan_config, validation_table
+from adaptive_ds.plan import SCENARIOS, main, plan, plan_config, validation_markdown, validation_table
+from adaptive_ds.plan_advice import advise
+from adaptive_ds.presets import PRESETS
 
 
 def _ds(name):
     return json.loads((ROOT / "ds_configs" / name).read_text())
 
 
-def test_predicted_peaks_are_within_20_percent_of_every_measurement():
+def test_predicted_peaks_are_within_20_percent_of_every_stored_measurement():
     rows = validation_table()
     assert len(rows) >= 4 and {"cpu", "cuda"} <= {r["device"] for r in rows}
     for row in rows:
         assert abs(row["error"]) <= 0.20, row
 
 
-def test_b1_fits_a_t4_only_with_offload():
+@pytest.mark.slow
+def test_a_peak_measured_now_is_at_most_35_percent_above_the_prediction():
+    """Two training steps of the debug preset (vocabulary 32,000, micro-batch 4, fp32, ZeRO-1) through DeepSpeed, dense
+    and mod, each in a fresh process (a clean peak RSS), against the planner's CPU-process prediction (measured
+    2026-12-01: 24% above it, both). The planner counts the model's states and activations, so a process holds at
+    least that; beyond it the runtime's own memory (autograd, DeepSpeed's buffers, the allocator: 0.08-0.15 GiB
+    measured) and, in fp32, one logits-sized buffer more in the loss's backward than the planner's count, together
+    35% at most of this small a peak. At debug_200m the stored rows above are within 12%."""
+    code = ("import json, sys; from adaptive_ds.benchmark import measure_peak_memory; "
+            "print(json.dumps(measure_peak_memory('debug', sys.argv[1], 4, False, vocab_size=32000)))")
+    runs = {case: subprocess.Popen([sys.executable, "-c", code, case], cwd=ROOT, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for case in ("dense", "mod")}
+    for case, run in runs.items():
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err[-3000:]
+        measured = json.loads(out.strip().splitlines()[-1])["measured_gib"]
+        model = {key: value for key, value in CASES[case].model.items() if key != "arch"}
+        ds_config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}}  # fp32, as measured
+        predicted = plan("debug", case, "h200", ds_config, vocab_size=32000, cpu_process=True,
+                         model_overrides={"moe_drop_tokens": False, **model}).peak_gib
+        assert predicted <= measured <= 1.35 * predicted, (case, predicted, measured)
+
+
+def test_the_gpu_rows_are_an_external_reference_loaded_from_their_files():
+    files = sorted((ROOT / "benchmarks" / "external").glob("t4_fit_mb*.json"))
+    rows = [row for row in validation_table() if row["device"] == "cuda"]
+    assert len(files) == len(rows) == 2
+    for path, row in zip(files, rows, strict=True):
+        text = path.read_text()
+        figures, provenance = json.loads(text)["figures"], json.loads(text)["provenance"]
+        assert row["measured_gib"] == figures["peak_alloc_GiB"] and row["micro_batch"] == figures["micro_batch"]
+        assert row["preset"] == "b1" and row["arch"] == "dense"  # the independent model has b1's dimensions
+        model = provenance["model"]
+        assert (model["hidden_size"], model["num_hidden_layers"], model["intermediate_size"]) == (
+            PRESETS["b1"].hidden_size, PRESETS["b1"].num_hidden_layers, PRESETS["b1"].intermediate_size)
+        assert "external reference" in row["source"] and "not this project's code" in row["source"]
+        assert {"what", "hardware", "software", "date"} <= set(provenance)
+        assert not re.search(r'(^|[\s"(`])/\w', text)  # no absolute path of the machine it was measured on
+    assert "external reference: an independent 1.1B Llama, not this project's code" in validation_markdown()
+
+
+def test_b1_fits_a_t4_only_with_offload_which_the_usual_t4_host_cannot_hold():
     offload = plan("b1", "dense", "t4", _ds("b1_t4.json"), activation_checkpointing=True)
-    assert offload.fits and offload.cpu_states_gib > 10
+    # 16 bytes per parameter in CPU RAM: fp32 master weights and gradients, Adam's two moments
+    assert offload.fits and offload.cpu_states_gib == pytest.approx(offload.total_parameters * 16 / 2**30)
+    assert not offload.runs and "16.4 GiB of CPU RAM per GPU, more than the 16 GiB" in offload.verdict
     no_offload = _ds("b1_t4.json")
     del no_offload["zero_optimization"]["offload_optimizer"]
     without = plan("b1", "dense", "t4", no_offload, activation_checkpointing=True)
-    assert not without.fits and "offload the optimizer" in without.advice
+    assert not without.fits
+    assert [a.text.split(" ->")[0] for a in advise("b1", "dense", "t4", no_offload) if a.gpus > 1] == [
+        "ZeRO-3 across 2 GPUs"]
 
 
 def test_throughput_bound_and_cost_follow_from_the_flops():
