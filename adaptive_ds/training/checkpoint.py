@@ -540,23 +540,30 @@ def with_new_model_fields(identity: dict) -> dict:
     return {**identity, "model": {**completed, **model}}
 
 
-def resume(engine, output_dir: str, tag: str, identity: dict) -> dict:
-    """Load checkpoint `tag` into `engine` (checked by `check_resumable`); returns its run state.
+def restore(engine, output_dir: str, tag: str, identity: dict) -> dict:
+    """Load checkpoint `tag` into `engine` (checked by `check_resumable`); returns its run state. A resume and a
+    rollback both restore through here.
 
-    On a different number of processes or expert-parallel size the checkpoint is converted to DeepSpeed's
-    universal format first; the model, optimizer and schedule continue exactly.
+    A checkpoint written on another number of processes or expert-parallel size (the one a run resumed from on a
+    new layout stays the latest until the run's first save of its own) is converted to DeepSpeed's universal
+    format first, and loaded with the engine's universal loading switched on for that load only; the model,
+    optimizer and schedule continue exactly.
     """
     saved = check_resumable(output_dir, tag, identity)
     if not changes_layout(saved["identity"], identity):
         load(engine, output_dir, tag)
-    else:
-        ep_size = identity["model"].get("moe_ep_size", 1)
-        logger.warning("resuming a %d-process checkpoint (ep_size %d) on %d processes (ep_size %d) through "
-                       "DeepSpeed's universal format", saved["identity"]["world_size"],
-                       saved["identity"]["model"].get("moe_ep_size", 1), identity["world_size"], ep_size)
-        converted = universal_tag(output_dir, tag, ep_size)
-        check_param_groups(engine, os.path.join(checkpoint_root(output_dir), converted), tag)
+        return saved
+    ep_size, written = identity["model"].get("moe_ep_size", 1), saved["identity"]
+    logger.warning("loading a %d-process checkpoint (ep_size %d) on %d processes (ep_size %d) through DeepSpeed's "
+                   "universal format", written["world_size"], written["model"].get("moe_ep_size", 1),
+                   identity["world_size"], ep_size)
+    converted = universal_tag(output_dir, tag, ep_size)
+    check_param_groups(engine, os.path.join(checkpoint_root(output_dir), converted), tag)
+    engine._config.load_universal_checkpoint = True  # DeepSpeed reads it when loading, and only then
+    try:
         load(engine, output_dir, converted, rng_tag=tag)
+    finally:
+        engine._config.load_universal_checkpoint = False  # the run's own checkpoints are in its own layout
     return saved
 
 
