@@ -109,8 +109,7 @@ def test_experts_that_stay_dead_are_reported_once(tmp_path):
 
 def test_plateau_scales_the_lr_and_early_stopping_ends_the_run():
     c = _controller(plateau_patience=1, early_stopping_patience=3, min_improvement=0.01)
-    verdicts = [c.observe_window(WindowReport(s, validation_loss=x)) for s, x in enumerate([2.0, 1.5, 1.499, 1.6,
-                                                                                        1.5], 1)]
+    verdicts = [c.observe_validation(s, x) for s, x in enumerate([2.0, 1.5, 1.499, 1.6, 1.5], 1)]
     assert [v.action for v in verdicts] == [Action.CONTINUE] * 4 + [Action.STOP]
     assert not verdicts[-1].failed and c.knobs.lr_scale == 0.25  # two plateaus scaled it, the third stopped
 
@@ -271,31 +270,49 @@ def test_early_stopping_ends_the_run_saved_as_usual(tmp_path):
     assert (out / "final" / "model.safetensors").exists()
 
 
-def test_poor_moe_balance_raises_the_aux_coefficient_in_the_model(tmp_path):
+class _RecordAuxCoefficient(Faults):
+    """Records, before each step, the aux-loss coefficient the model's loss uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.coefficients = {}
+
+    def before_step(self, trainer, step):
+        self.coefficients[step] = trainer.engine.module.router_aux_loss_coef
+
+
+def test_poor_moe_balance_raises_the_aux_coefficient_the_loss_uses_not_the_saved_one(tmp_path):
     out = tmp_path / "run"
     controller = {"balance_threshold": 0.9999, "balance_windows": 1, "aux_coef_max": 0.04}
-    train(["--ds_config", _config(tmp_path, controller=controller), "--arch", "moe", "--output_dir", str(out)])
+    seen = _RecordAuxCoefficient()
+    train(["--ds_config", _config(tmp_path, controller=controller), "--arch", "moe", "--output_dir", str(out)],
+          hooks=seen)
     raised = [d for d in _jsonl(out / "decisions.jsonl") if d["action"] == "raise the aux-loss coefficient"]
-    assert [d["knobs"]["aux_coef"] for d in raised] == [0.02, 0.04]
-    final = json.loads((out / "final" / "config.json").read_text())
-    assert final["router_aux_loss_coef"] == 0.04
+    assert [(d["step"], d["knobs"]["aux_coef"]) for d in raised] == [(1, 0.02), (2, 0.04)]
+    # the loss of each step uses the coefficient decided before it (logged every step here)
+    assert seen.coefficients == {1: 0.01, 2: 0.02, 3: 0.04, 4: 0.04, 5: 0.04, 6: 0.04}
+    # what is saved is the model as configured: the controller's knob is the run's, not the model's
+    assert json.loads((out / "final" / "config.json").read_text())["router_aux_loss_coef"] == 0.01
+    for tag in (out / "checkpoints").glob("step*"):
+        assert json.loads((tag / "run.json").read_text())["identity"]["model"]["router_aux_loss_coef"] == 0.01
 
 
 def test_a_raised_aux_coefficient_returns_to_the_configured_one_in_the_model(tmp_path):
     # The first run raises the coefficient (balance never good enough) and saves it in its knobs; the resumed run
-    # finds balance good and must lower it back to the ds_config's 0.01, captured when the run was built, not to
-    # the raised value the model's config holds by then.
+    # finds balance good and must lower it back to the ds_config's 0.01, captured when the run was built.
     out = tmp_path / "run"
     raise_it = {"balance_threshold": 0.9999, "balance_windows": 1, "aux_coef_max": 0.04}
     train(["--ds_config", _config(tmp_path, controller=raise_it, max_steps=2), "--arch", "moe",
            "--output_dir", str(out)])
     run = json.loads((out / "checkpoints" / "step00000002" / "run.json").read_text())
     assert run["controller"]["knobs"]["aux_coef"] == 0.04  # raised at steps 1 and 2, saved with the checkpoint
+    seen = _RecordAuxCoefficient()
     train(["--ds_config", _config(tmp_path, controller={"balance_threshold": 0.0}, max_steps=5), "--arch", "moe",
-           "--output_dir", str(out)])
+           "--output_dir", str(out)], hooks=seen)
     lowered = [d["knobs"]["aux_coef"] for d in _jsonl(out / "decisions.jsonl")
                if d["action"] == "lower the aux-loss coefficient"]
     assert lowered == [0.02, 0.01]
+    assert seen.coefficients == {3: 0.04, 4: 0.02, 5: 0.01}  # the resumed run starts from the saved knob
     assert json.loads((out / "final" / "config.json").read_text())["router_aux_loss_coef"] == 0.01
 
 

@@ -271,6 +271,9 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = AdaptiveDSModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # The coefficient the loss uses, as Mixtral keeps it: a trainer may move it during a run (the adaptive
+        # controller does) without changing the configuration that is saved with the model.
+        self.router_aux_loss_coef = config.router_aux_loss_coef
         self.post_init()
 
     def update_routing_bias(self, step_expert_counts, group=None) -> None:
@@ -303,7 +306,7 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
             loss = lm_loss
             if out.aux_loss is not None:
                 # with bias balancing the aux loss is only reported (see AdaptiveDSConfig.moe_balancing)
-                aux_coef = 0.0 if self.config.moe_balancing == "bias" else self.config.router_aux_loss_coef
+                aux_coef = 0.0 if self.config.moe_balancing == "bias" else self.router_aux_loss_coef
                 loss = loss + aux_coef * out.aux_loss + self.config.router_z_loss_coef * out.z_loss
             if out.mod_predictor_loss is not None:
                 loss = loss + self.config.mod_predictor_loss_coef * out.mod_predictor_loss

@@ -89,8 +89,10 @@ class RunSettings:
     push_every_save: bool = setting(False, "also push at every checkpoint, in the background")
     activation_checkpointing: bool = setting(False, "recompute each block in backward (the controller may turn "
                                                     "it on)")
-    micro_batch: str | None = setting(None, "auto: start at the whole step's rows per rank and halve on "
-                                            "out-of-memory", choices=("auto",))
+    micro_batch: int | str | None = setting(None, "rows per forward pass, overriding the ds_config's (gradient "
+                                                  "accumulation follows, so the global batch stays; also when "
+                                                  "resuming), or auto: start at the whole step's rows per rank and "
+                                                  "halve on out-of-memory")
     compile: bool = setting(False, "torch.compile the model through DeepSpeed's engine.compile() (inductor); the "
                                    "first steps pay the compilation")
     gpu_memory_gib: float | None = setting(None, "cap each process's CUDA allocator here (e.g. 15 to rehearse a "
@@ -223,6 +225,10 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     problems = _field_problems(settings)
     if isinstance(settings.data, str):
         problems += source_problems(settings.data)
+    micro = settings.micro_batch
+    if micro is not None and micro != "auto" and not (isinstance(micro, int) and not isinstance(micro, bool)
+                                                      and micro >= 1):
+        problems.append(f"micro_batch {micro!r} is not a positive whole number or 'auto'")
     tokens = settings.tokens
     if tokens is not None and tokens != "chinchilla" and not (isinstance(tokens, int) and tokens >= 1) \
             and not (isinstance(tokens, str) and tokens.isdigit() and int(tokens) >= 1):
@@ -242,6 +248,12 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     model = _model(settings, problems)
     layout_problems = ds_config_reader.problems(ds_config, world_size)
     problems += layout_problems
+    if isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1 and not layout_problems:
+        rows = ds_config_reader.read(ds_config).rows_per_rank_step
+        if rows % micro:
+            divisors = [d for d in range(1, rows + 1) if rows % d == 0]
+            problems.append(f"micro_batch {micro} does not divide the {rows} rows each process trains per step; "
+                            f"valid choices: {', '.join(map(str, divisors))}")
     if model is not None and model.uses_moe and not layout_problems:
         if ds_config_reader.read(ds_config).zero_stage == 3:
             problems.append(f"arch {settings.arch} uses DeepSpeed MoE, which does not run under ZeRO-3; "
@@ -304,6 +316,8 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
         current = getattr(settings, f.name)
         # an object flag overrides the block's keys it names and keeps the others
         setattr(settings, f.name, {**current, **value} if isinstance(current, dict) else value)
+    if isinstance(settings.micro_batch, str) and settings.micro_batch.isdigit():
+        settings.micro_batch = int(settings.micro_batch)  # the flag's text; the block gives a number
     if args.ep_size is not None:
         settings.model = {**settings.model, "moe_ep_size": args.ep_size}
     if settings.variant in MODEL_VARIANTS and isinstance(settings.model, dict):

@@ -112,7 +112,6 @@ class WindowReport:
     step: int
     moe: dict | None = None  # RoutingWindow's "moe" statistics
     mod: dict | None = None  # RoutingWindow's "mod" statistics
-    validation_loss: float | None = None
 
 
 def mod_capacity_at(step: int, target: float, warmup_steps: int) -> float:
@@ -179,10 +178,12 @@ class Controller:
         self._decide(0, {"requested_rows_per_rank_step": rows},
                      "micro-batch auto: start at the whole step, halve on out-of-memory")
 
-    def resplit(self, rows_per_rank: int) -> None:
-        """Keep the micro-batch that worked (or the largest divisor below it) for a new number of rows per rank,
-        as after a resume on another number of processes."""
-        micro = max(d for d in range(1, min(self.knobs.micro_batch, rows_per_rank) + 1) if rows_per_rank % d == 0)
+    def resplit(self, rows_per_rank: int, micro_batch: int | None = None) -> None:
+        """Split a step's `rows_per_rank` into micro-batches of at most `micro_batch` rows (default: the micro-batch
+        that worked), the largest divisor of the rows not above it: after a resume on another number of processes,
+        or with another `--micro_batch`."""
+        limit = min(micro_batch or self.knobs.micro_batch, rows_per_rank)
+        micro = max(d for d in range(1, limit + 1) if rows_per_rank % d == 0)
         self.knobs = replace(self.knobs, micro_batch=micro, accumulation=rows_per_rank // micro)
 
     def on_oom(self, step: int, error: BaseException, phase: str = "forward") -> Verdict:
@@ -257,14 +258,12 @@ class Controller:
         self.nonfinite = 0
         self.spiking = False
 
-    # logging windows: routing and validation
+    # logging windows: routing
     def observe_window(self, report: WindowReport) -> Verdict:
         if report.moe:
             self._observe_moe(report.step, report.moe)
         if report.mod:
             self._observe_mod(report.step, report.mod)
-        if report.validation_loss is not None:
-            return self._observe_validation(report.step, report.validation_loss)
         return CONTINUE
 
     def _observe_moe(self, step: int, moe: dict) -> None:
@@ -308,9 +307,10 @@ class Controller:
         self._decide(step, {"flops_fraction": measured, "target": target, "capacity": capacity},
                      "adjust MoD capacity")
 
-    def _observe_validation(self, step: int, loss: float) -> Verdict:
-        """Plateau: scale the LR after `plateau_patience` evaluations without improvement; stop after
-        `early_stopping_patience` of them."""
+    # validation
+    def observe_validation(self, step: int, loss: float) -> Verdict:
+        """After each validation (its own cadence, `eval_steps`). Plateau: scale the LR after `plateau_patience`
+        evaluations without improvement; stop after `early_stopping_patience` of them."""
         if self.best_validation is None or loss < self.best_validation - self.settings.min_improvement:
             self.best_validation = loss
             self.evals_without_improvement = 0

@@ -43,8 +43,8 @@ def apply_knobs(engine: deepspeed.DeepSpeedEngine, knobs: Knobs, base_lrs: list[
     engine.set_train_batch_size(knobs.micro_batch * knobs.accumulation * engine.dp_world_size)
     model = engine.module
     model.model.gradient_checkpointing = knobs.activation_checkpointing
-    if knobs.aux_coef is not None:
-        model.config.router_aux_loss_coef = knobs.aux_coef
+    if knobs.aux_coef is not None:  # the loss's coefficient, not the saved configuration's
+        model.router_aux_loss_coef = knobs.aux_coef
     if knobs.mod_capacity is not None:
         model.model.set_mod_capacity(knobs.mod_capacity)
     scheduler = engine.lr_scheduler

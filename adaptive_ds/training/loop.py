@@ -33,7 +33,7 @@ from .arguments import ConfigError, RunSettings, check_precision, parse
 from .controller import Action, Controller, StepReport, TrainingStopped, Verdict, WindowReport, controller_settings
 from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
 from .final import save_final
-from .metrics import MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
+from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
 from .output_dir import prepare_output_dir, write_identity
 from .validation import Validator
 
@@ -124,20 +124,21 @@ class Trainer:
         self.rank, self.world = distributed.rank(), distributed.world_size()
         _prepare_device(settings, ds_config)
         seq_len = PRESETS[settings.preset].seq_len
-        rows_per_rank = read_ds_config(ds_config).rows_per_rank_step
-        self.rows_per_step = rows_per_rank * self.world  # the global batch, constant whatever the split
-        self.tokens_per_step = self.rows_per_step * seq_len
+        layout = read_ds_config(ds_config)
+        self.validation_micro_batch = layout.micro_batch  # the held-out set: eval_batches of the ds_config's size
+        self.rows_per_step = layout.rows_per_rank_step * self.world  # the global batch, constant whatever the split
         self.data = _load_data(settings, seq_len)  # setup: the "data" phase is the loop's wait for batches
         tok = self.data.tokenizer
         self.config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                                    pad_token_id=tok.pad_token_id, **settings.model)
-        self.settings = settings = _resolve_steps(settings, self.config, self.tokens_per_step)
-        _warn_about_warmup(settings)
-        self.identity = checkpoint.run_identity(settings, self.world, rows_per_rank, self.config)
+        self.identity = checkpoint.run_identity(settings, self.world, layout.rows_per_rank_step, self.config)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
         if self.resume_tag:
-            self._prepare_cross_layout_resume(ds_config)
+            self._keep_the_checkpoints_global_batch(ds_config)
             checkpoint.check_resumable(self.output_dir, self.resume_tag, self.identity)  # before anything is written
+        # The run's length, once, from the global batch it keeps (a resume on another layout keeps the checkpoint's)
+        self.settings = settings = _resolve_steps(settings, self.config, self.tokens_per_step)
+        _warn_about_warmup(settings)
         torch.manual_seed(settings.seed)
         self.engine = build_engine(AdaptiveDSForCausalLM(self.config), ds_config, settings.warmup_steps,
                                    settings.max_steps, settings.min_lr_ratio, settings.compile)
@@ -145,11 +146,22 @@ class Trainer:
         self.base_lrs = list(self.engine.lr_scheduler.base_lrs)  # the schedule's peaks, before any knob
         self._build_components(hub_api)
 
+    @property
+    def tokens_per_step(self) -> int:
+        return self.rows_per_step * self.data.seq_len
+
+    @property
+    def rows_per_rank(self) -> int:
+        return self.rows_per_step // self.world
+
     def _build_components(self, hub_api) -> None:
         """The pieces that watch and record the run, each owning its cadence and state."""
         settings, is_writer = self.settings, self.rank == 0
-        self.controller = Controller(controller_settings(settings.controller),
-                                     configured_knobs(self.engine, settings.activation_checkpointing),
+        defaults = configured_knobs(self.engine, settings.activation_checkpointing)
+        if isinstance(settings.micro_batch, int):  # --micro_batch N: the same global batch, split as asked
+            defaults = replace(defaults, micro_batch=self._micro_batch(), accumulation=self.rows_per_rank
+                               // self._micro_batch())
+        self.controller = Controller(controller_settings(settings.controller), defaults,
                                      os.path.join(self.output_dir, "decisions.jsonl") if is_writer else None,
                                      settings.mod_capacity_warmup_steps)
         if settings.micro_batch == "auto" and not self.resume_tag:
@@ -166,14 +178,12 @@ class Trainer:
         if is_writer:
             write_identity(self.output_dir, self.identity)
 
-    def _prepare_cross_layout_resume(self, ds_config: dict) -> None:
-        """On another number of processes or another ep_size, ZeRO re-partitions from DeepSpeed's universal
-        checkpoint (MoE experts through `universal.py`), and the global batch stays the checkpoint's: accumulation
-        is re-derived from it (a warning says so), so the run continues on the same samples at the same steps."""
+    def _keep_the_checkpoints_global_batch(self, ds_config: dict) -> None:
+        """On another number of processes the global batch stays the checkpoint's: accumulation is re-derived from
+        it (a warning says so), so the run continues on the same samples at the same steps. (Another number of
+        processes or ep_size also loads the checkpoint through DeepSpeed's universal format: `checkpoint.restore`.)
+        """
         saved = checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"]
-        if not checkpoint.changes_layout(saved, self.identity):
-            return
-        ds_config.setdefault("checkpoint", {})["load_universal"] = True
         if saved["world_size"] == self.world:
             return
         rows, micro = saved["rows_per_step"], ds_config["train_micro_batch_size_per_gpu"]
@@ -187,8 +197,17 @@ class Trainer:
                            "rows", saved["world_size"], self.world, accumulation, rows)
             ds_config["gradient_accumulation_steps"] = accumulation
             ds_config.pop("train_batch_size", None)
-            self.rows_per_step, self.tokens_per_step = rows, rows * self.data.seq_len
+            self.rows_per_step = rows
             self.identity = {**self.identity, "rows_per_step": rows}
+
+    def _micro_batch(self) -> int:
+        """`--micro_batch N`, checked against the rows each process trains per step (which a resume on another
+        number of processes changes)."""
+        micro = self.settings.micro_batch
+        if self.rows_per_rank % micro:
+            raise ConfigError(f"micro_batch {micro} does not divide the {self.rows_per_rank} rows each of the "
+                              f"{self.world} processes trains per step; pick a divisor of {self.rows_per_rank}")
+        return micro
 
     # knobs
     def apply(self, step: int) -> None:
@@ -207,23 +226,28 @@ class Trainer:
         """Continue from `tag`: engine, optimizer, schedule and RNG from DeepSpeed's files, the controller and data
         position from run.json; metrics recorded after the checkpoint are marked abandoned."""
         self.resume_tag = tag
-        saved = checkpoint.resume(self.engine, self.output_dir, tag, self.identity)
-        # The checkpoints this run writes (and rolls back to) are in its own layout, not the universal format.
-        self.engine._config.load_universal_checkpoint = False
+        saved = checkpoint.restore(self.engine, self.output_dir, tag, self.identity)
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
         self.data.load_state_dict(checkpoint.read_data_state(self.output_dir, self.resume_tag, self.rank))
         self.controller.load_state_dict(saved["controller"])
-        if saved["identity"]["world_size"] != self.world:  # the saved split was for the old number of ranks
-            self.controller.resplit(self.rows_per_step // self.world)
+        saved_micro = self.controller.knobs.micro_batch
+        if isinstance(self.settings.micro_batch, int) and self._micro_batch() != saved_micro:
+            logger.warning("micro_batch %d: the checkpoint trained with micro-batches of %d; the global batch stays",
+                           self._micro_batch(), saved_micro)
+            self.controller.resplit(self.rows_per_rank, self._micro_batch())
+        elif saved["identity"]["world_size"] != self.world:  # the saved split was for the old number of ranks
+            self.controller.resplit(self.rows_per_rank)
         self.metrics.rewind(self.start_step, f"resumed from the checkpoint at step {self.start_step}")
         logger.info("resumed from %s at step %d", self.resume_tag, self.start_step)
 
     def _roll_back(self, step: int) -> int:
-        """Back to the latest healthy checkpoint's weights and optimizer; the controller keeps its new knobs."""
+        """Back to the latest healthy checkpoint's weights and optimizer (through the universal format when it was
+        written on another layout: the checkpoint a run resumed from on a new one); the controller keeps its new
+        knobs. Returns the checkpoint's step."""
         tag = checkpoint.latest_tag(self.output_dir)
         if tag is None:
             raise TrainingStopped(f"step {step} needs a rollback but there is no checkpoint yet; set save_steps")
-        saved = checkpoint.load(self.engine, self.output_dir, tag)
+        saved = checkpoint.restore(self.engine, self.output_dir, tag, self.identity)
         self.controller.rolled_back()
         self.checkpointer.pending = False  # a save postponed before the rollback is owed by steps now undone
         self.applied = None  # the load restored the scheduler's learning rates: apply the knobs again
@@ -232,18 +256,31 @@ class Trainer:
         self.window.reset()
         return back
 
+    def _handle(self, verdict: Verdict, step: int) -> int | None:
+        """Act on a verdict about `step` (its loss, a window, a validation or an out-of-memory error): returns the
+        step the run goes on from (`step` itself, or where a rollback took it), or None when the run ends here as
+        planned (early stopping). A failed stop raises TrainingStopped; RETRY_STEP is the loop's (it reruns the
+        same rows)."""
+        if verdict.action is Action.ROLL_BACK:
+            with self.clock.phase("checkpoint"):
+                return self._roll_back(step)  # the data already read is skipped, not replayed
+        if verdict.action is Action.STOP:
+            if verdict.failed:
+                raise TrainingStopped(verdict.reason)
+            return None
+        return step
+
     # one step
-    def _train_step(self, step: int, rows: dict) -> StepResult | None:
-        """One optimizer step over this rank's `rows`; on out-of-memory the controller re-splits and it is
-        retried on the same rows.
+    def _train_step(self, step: int, rows: dict) -> tuple[float, Verdict]:
+        """One optimizer step over this rank's `rows`; returns the step's loss (NaN when it failed) and the
+        controller's verdict: on its loss, or on an out-of-memory error (RETRY_STEP: the loop applies the new split
+        and runs the same rows again; ROLL_BACK: the optimizer step may have been partial).
 
         The LM loss is normalised by the whole step's target-token count (every micro-batch of every rank), as
         transformers does with `num_items_in_batch`: each micro-batch passes its summed token loss divided by
         targets / (world x accumulation), which the engine's 1/accumulation scaling and the gradient average over
         ranks turn into (summed loss of the step) / (targets of the step). So a step's result does not depend on
         how it is split into micro-batches and ranks.
-
-        Returns None when the step failed in its optimizer update and the controller asked for a rollback.
         """
         engine = self.engine
         micro_steps_before = engine.micro_steps
@@ -252,18 +289,15 @@ class Trainer:
         targets = (rows["labels"][:, 1:] != -100).sum().to(engine.device, torch.float32)
         if self.world > 1:
             dist.all_reduce(targets)  # on the device: no host synchronisation
-        while True:
-            try:
-                return self._micro_batches(step, rows, targets)
-            except (torch.OutOfMemoryError, RuntimeError) as error:
-                if not is_out_of_memory(error):
-                    raise
-                discard_partial_step(engine, micro_steps_before)
-                verdict = self.controller.on_oom(step, error, self._phase)
-                _raise_if_failed(verdict)
-                if verdict.action is Action.ROLL_BACK:
-                    return None  # the caller rolls back
-                self.apply(step)
+        try:
+            result = self._micro_batches(step, rows, targets)
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not is_out_of_memory(error):
+                raise
+            discard_partial_step(engine, micro_steps_before)
+            return math.nan, self.controller.on_oom(step, error, self._phase)
+        loss = result.loss.item()  # the step's one host read (the spike rule)
+        return loss, self.controller.observe_step(StepReport(step, loss, result.overflow))
 
     def _micro_batches(self, step: int, rows: dict, targets: torch.Tensor) -> StepResult:
         engine, knobs = self.engine, self.applied
@@ -316,18 +350,17 @@ class Trainer:
             logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",
                         stats.entropy_floor, stats.unigram_entropy)
         with clock.phase("eval"):
-            validator = Validator(self.data.validation_batches(self.controller.defaults.micro_batch,
-                                                               settings.eval_batches),
-                                  settings.eval_steps, self.config.uses_mod)
+            validator = Validator(self.data.validation_batches(self.validation_micro_batch, settings.eval_batches),
+                                  settings.eval_steps, settings.max_steps, self.config.uses_mod)
         last_step, train_loss = self._train_loop(validator)
         summary = {"train_loss": train_loss, "steps": last_step, "tokens_seen": last_step * self.tokens_per_step}
         with clock.phase("eval"):
-            summary.update(validator.run(self.engine))
+            summary.update(validator.result_at(self.engine, last_step))
         with clock.phase("checkpoint"):
             if not self.controller.healthy:
                 logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
             elif self.checkpointer.last_saved != last_step and last_step > self.start_step:
-                self.checkpointer.save(self.engine, last_step, self.state_dict(last_step, train_loss),
+                self.checkpointer.save(self.engine, last_step, self.state_dict(last_step, self.last_loss),
                                        self.data.tokenizer, self.data.state_dict())
             save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
                        is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
@@ -376,7 +409,7 @@ class Trainer:
             batches = self.data.step_batches(self.data_steps, self.rows_per_step, self.rank, self.world)
         bar = tqdm(total=settings.max_steps, initial=self.start_step, disable=self.rank != 0, dynamic_ncols=True,
                    desc="train")
-        window = _Window(clock)
+        window = LossWindow(clock)
         step, train_loss = self.start_step, float("nan")
         with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
             while step < settings.max_steps:
@@ -386,58 +419,72 @@ class Trainer:
                 self.hooks.before_step(self, step)
                 with clock.phase("data"):
                     rows = next(batches)
-                with clock.phase("train"):
-                    result = self._train_step(step, rows)
-                    loss = result.loss.item() if result else math.nan  # the step's one host read (spike rule)
+                verdict = Verdict(Action.RETRY_STEP)
+                while verdict.action is Action.RETRY_STEP:  # out of memory: the same rows, split anew
+                    self.apply(step)
+                    with clock.phase("train"):
+                        loss, verdict = self._train_step(step, rows)
                 self.data_steps += 1
-                verdict = controller.observe_step(StepReport(step, loss, result.overflow)) if result else Verdict(
-                    Action.ROLL_BACK)
-                if verdict.action is Action.ROLL_BACK:
-                    with clock.phase("checkpoint"):
-                        step = self._roll_back(step)  # the data already read is skipped, not replayed
-                    bar.n = step
+                back = self._handle(verdict, step)
+                if back != step:
+                    step = bar.n = back
                     window.restart()
                     continue
-                _raise_if_failed(verdict)
+                self.last_loss = loss  # what its checkpoint records: the step's own loss
                 window.add(loss, self.tokens_per_step)
                 bar.update(1)
-                if self.metrics.should_log(step, settings.max_steps):
-                    train_loss, verdict = self._log_window(step, window, validator, bar)
-                    if verdict.action is Action.STOP:  # early stopping: the run ends here, saved as usual
-                        break
+                record, verdict = self._observe(step, window, validator)
+                if "loss" in record:
+                    train_loss = record["loss"]
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                if self._handle(verdict, step) is None:  # early stopping: the run ends here, saved as usual
+                    break
                 if self.checkpointer.due(step, settings.max_steps) and controller.healthy:
                     with clock.phase("checkpoint"):
                         self._save(step, loss)
         bar.close()
         return step, train_loss
 
-    def _log_window(self, step: int, window: _Window, validator: Validator, bar) -> tuple[float, Verdict]:
-        record = {"step": step, "loss": window.mean_loss(), "lr": self.engine.get_lr()[0],
-                  "micro_batch": self.applied.micro_batch, "accumulation": self.applied.accumulation,
-                  "tokens_per_s": window.tokens_per_s(), "window_s": window.busy_seconds(),
-                  "tokens_seen": step * self.tokens_per_step,
-                  "skipped_steps": self.engine.skipped_steps, "elapsed_s": self.clock.elapsed(),
-                  **self.window.summary()}
-        if self.config.uses_mod:
-            record["mod"]["capacity"] = self.applied.mod_capacity
+    def _observe(self, step: int, window: LossWindow, validator: Validator) -> tuple[dict, Verdict]:
+        """After a step the run keeps: validation at its cadence, the logging window at its own, both written as the
+        step's one metrics.jsonl record (none when neither is due); returns the record and the controller's verdict
+        (early stopping). The step the run stops at always logs its window."""
+        record, verdict = {}, Verdict(Action.CONTINUE)
         if validator.should_run(step):
             with self.clock.phase("eval"):
-                record.update(validator.run(self.engine))
+                record.update(validator.run(self.engine, step))
+            verdict = self.controller.observe_validation(step, record["validation_loss"])
+        if self.metrics.should_log(step, self.settings.max_steps) or verdict.action is Action.STOP:
+            record.update(self._window_record(step, window))
+        if record:
+            self.metrics.write({"step": step, "tokens_seen": step * self.tokens_per_step,
+                                "elapsed_s": self.clock.elapsed(), **record})
+            val = f" validation {record['validation_loss']:.4f}" if "validation_loss" in record else ""
+            if "loss" in record:
+                stats = self.data.statistics
+                floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
+                logger.info("step %d/%d loss %.4f%s%s lr %.2e %.0f tokens/s", step, self.settings.max_steps,
+                            record["loss"], floor, val, record["lr"], record["tokens_per_s"])
+            else:
+                logger.info("step %d/%d%s", step, self.settings.max_steps, val)
+        return record, verdict
+
+    def _window_record(self, step: int, window: LossWindow) -> dict:
+        """The logging window that ends at `step`: its mean loss, speed and routing; the controller sees the routing
+        (collective: every rank logs at the same steps)."""
+        record = {"loss": window.mean_loss(), "lr": self.engine.get_lr()[0],
+                  "micro_batch": self.applied.micro_batch, "accumulation": self.applied.accumulation,
+                  "tokens_per_s": window.tokens_per_s(), "window_s": window.busy_seconds(),
+                  "skipped_steps": self.engine.skipped_steps, **self.window.summary()}
+        if self.config.uses_mod:
+            record["mod"]["capacity"] = self.applied.mod_capacity
         stats = self.data.statistics
         if stats:
             record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(record["loss"]))
-        self.metrics.write(record)
-        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
-        val = f" validation {record['validation_loss']:.4f}" if "validation_loss" in record else ""
-        logger.info("step %d/%d loss %.4f%s%s lr %.2e %.0f tokens/s", step, self.settings.max_steps,
-                    record["loss"], floor, val, record["lr"], record["tokens_per_s"])
-        verdict = self.controller.observe_window(WindowReport(step, record.get("moe"), record.get("mod"),
-                                                              record.get("validation_loss")))
-        _raise_if_failed(verdict)
+        _raise_if_failed(self.controller.observe_window(WindowReport(step, record.get("moe"), record.get("mod"))))
         self.window.reset()
         window.restart()
-        return record["loss"], verdict
+        return record
 
     def _save(self, step: int, loss: float) -> None:
         """A periodic checkpoint; one that cannot be written (a full disk) costs a warning, not the run: the
@@ -463,35 +510,6 @@ class Trainer:
                      "active_parameters": counts.active, "steps": step,
                      "tokens_seen": step * self.tokens_per_step, "train_loss": loss}
             self.pusher.push_in_background(staging, model_card(facts, _command()), f"checkpoint at step {step}")
-
-
-class _Window:
-    """The step losses and busy time of one logging window (tokens/s counts data and train time only)."""
-
-    def __init__(self, clock: PhaseClock):
-        self.clock = clock
-        self.restart()
-
-    def _busy(self) -> float:
-        return self.clock.seconds["data"] + self.clock.seconds["train"]
-
-    def restart(self) -> None:
-        self.losses: list[float] = []
-        self.tokens = 0
-        self.started = self._busy()
-
-    def add(self, loss: float, tokens: int) -> None:
-        self.losses.append(loss)
-        self.tokens += tokens
-
-    def mean_loss(self) -> float:
-        return sum(self.losses) / len(self.losses)
-
-    def busy_seconds(self) -> float:
-        return self._busy() - self.started
-
-    def tokens_per_s(self) -> float:
-        return self.tokens / max(self.busy_seconds(), 1e-9)
 
 
 def _routing_of(out) -> SimpleNamespace:

@@ -164,6 +164,35 @@ class PhaseClock:
         return {**self.seconds, "other": total - sum(self.seconds.values()), "total": total}
 
 
+class LossWindow:
+    """The step losses and busy time of one logging window (tokens/s counts data and train time only)."""
+
+    def __init__(self, clock: PhaseClock):
+        self.clock = clock
+        self.restart()
+
+    def _busy(self) -> float:
+        return self.clock.seconds["data"] + self.clock.seconds["train"]
+
+    def restart(self) -> None:
+        self.losses: list[float] = []
+        self.tokens = 0
+        self.started = self._busy()
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.losses.append(loss)
+        self.tokens += tokens
+
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses)
+
+    def busy_seconds(self) -> float:
+        return self._busy() - self.started
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.busy_seconds(), 1e-9)
+
+
 METRICS = "metrics.jsonl"
 ABANDONED_METRICS = "abandoned_metrics.jsonl"
 
@@ -300,8 +329,9 @@ def plot_losses(metrics_path: str, png_path: str, entropy_floor: float | None = 
 
     with open(metrics_path) as f:
         records = [json.loads(line) for line in f if line.strip()]
+    logged = [r for r in records if "loss" in r]  # a step that only validated has no train loss
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss")
+    ax.plot([r["step"] for r in logged], [r["loss"] for r in logged], label="train loss")
     validation = [(r["step"], r["validation_loss"]) for r in records if "validation_loss" in r]
     if final_validation and final_validation not in validation:
         validation.append(final_validation)

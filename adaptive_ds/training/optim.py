@@ -45,7 +45,7 @@ def moe_group_size(model: nn.Module, cap: int = DEEPSPEED_MOE_GROUP_CAP) -> int:
     (models/moe.py, `stacked_weights`). DeepSpeed's own cap cuts layers wherever it falls (4 of debug_200m's 12,
     all of b1's at `moe_ep_size` 1). A layer's local experts larger than `cap` keep DeepSpeed's cut (and the copy)
     rather than a group past the cap DeepSpeed chose; there the number of groups depends on `moe_ep_size`, and a
-    resume on another ep_size is refused (checkpoint.resume) rather than loaded into the wrong groups.
+    resume on another ep_size is refused (checkpoint.restore) rather than loaded into the wrong groups.
     """
     layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
     if not layers:

@@ -80,19 +80,30 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> Evalua
 
 
 class Validator:
-    """Owns the held-out batches and the cadence (`eval_steps`; 0: only at the end)."""
+    """Owns the held-out batches and the cadence: every `eval_steps` steps (0: none during the run) and at the
+    run's last step. The loop asks `should_run(step)` after every step, whatever the logging cadence; the end of the
+    run takes the validation of its last step (`result_at`) rather than running the same one twice."""
 
-    def __init__(self, batches: list[dict], eval_steps: int, uses_mod: bool):
-        self.batches, self.eval_steps, self.uses_mod = batches, eval_steps, uses_mod
+    def __init__(self, batches: list[dict], eval_steps: int, last_step: int, uses_mod: bool):
+        self.batches, self.eval_steps, self.last_step, self.uses_mod = batches, eval_steps, last_step, uses_mod
+        self.latest: tuple[int, dict] | None = None  # (step, losses) of the latest validation
 
     def should_run(self, step: int) -> bool:
-        return bool(self.eval_steps) and step % self.eval_steps == 0
+        return step == self.last_step or (bool(self.eval_steps) and step % self.eval_steps == 0)
 
-    def run(self, engine) -> dict:
+    def run(self, engine, step: int) -> dict:
         causal = evaluate(engine, self.batches)
         losses = {"validation_loss": causal.loss, "validation_loss_se": causal.se}
         if self.uses_mod:
             topk = evaluate(engine, self.batches, "topk")
             losses.update(validation_loss_topk_routing=topk.loss, validation_loss_topk_routing_se=topk.se,
                           validation_causal_routed_share=causal.routed_share)
+        self.latest = (step, losses)
         return losses
+
+    def result_at(self, engine, step: int) -> dict:
+        """The validation of the weights at `step`, the run's last: the one the loop ran there, or a new one (a
+        run that resumed at its last step trains no step)."""
+        if self.latest is not None and self.latest[0] == step:
+            return self.latest[1]
+        return self.run(engine, step)
