@@ -4,6 +4,7 @@ first checkpoint, a SIGKILL while the controller is acting. Each run is a separa
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,22 +88,50 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_with_the_same_command
     assert refused.returncode != 0 and "another run's files" in refused.stderr.splitlines()[-1]
 
 
+def _whole_lines(path) -> list[dict]:
+    """The records of a JSON-lines file a killed process was writing: a torn last line is not one."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
 @pytest.mark.slow
 def test_a_kill_while_the_controller_acts_leaves_a_resumable_run(tmp_path):
     faults = {"oom_micro_batch_above": 2, "oom_from_step": 2, "spike_at_step": 7}
     config = write_ds_config(tmp_path, 8, 1, max_steps=12, save_steps=2,
                              controller={"spike_window": 3, "spike_sigma": 3.0})
-    command = _with_faults(faults, config, tmp_path / "run")
+    out = tmp_path / "run"
+    command = _with_faults(faults, config, out)
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while (latest_tag(str(tmp_path / "run")) or "") < "step00000006" and time.time() < deadline:
+    while (latest_tag(str(out)) or "") < "step00000006" and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    # the kill landed mid-run: the process died of it, before its end (no summary, no final model)
+    assert proc.returncode == -signal.SIGKILL, proc.returncode
+    assert not (out / "summary.json").exists() and not (out / "final").exists()
+    tag = latest_tag(str(out))
+    checkpoint_step = int(tag[4:])
+    assert 6 <= checkpoint_step < 12, tag
+    killed_metrics = _whole_lines(out / "metrics.jsonl")
+    abandoned_before = _whole_lines(out / "abandoned_metrics.jsonl")
+    assert [m["step"] for m in killed_metrics][:checkpoint_step] == list(range(1, checkpoint_step + 1))
+
     again = run_command(command)
     assert again.returncode == 0, again.stderr[-2000:]
-    metrics = _jsonl(tmp_path / "run" / "metrics.jsonl")
+    # the same command resumed from that checkpoint, not from the start
+    assert re.search(rf"resumed from \S*{tag} at step {checkpoint_step}\b", again.stderr), again.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] == checkpoint_step and summary["steps"] == 12
+    metrics = _jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, 13))
+    # the killed run's records up to the checkpoint stand as it wrote them; its later ones were abandoned by the
+    # resume, which logged its first step after the checkpoint
+    assert metrics[:checkpoint_step] == killed_metrics[:checkpoint_step]
+    new = _jsonl(out / "abandoned_metrics.jsonl")[len(abandoned_before):]
+    by_resume = [m for m in new if m["abandoned_because"] == f"resumed from the checkpoint at step {checkpoint_step}"]
+    assert [m["step"] for m in by_resume] == [m["step"] for m in killed_metrics if m["step"] > checkpoint_step]
+    assert all(m["abandoned_because"].startswith(("resumed from", "rolled back")) for m in new), new
     assert metrics[-1]["micro_batch"] == 2  # the OOM decision survived the kill through the checkpoint
-    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+    assert (out / "final" / "model.safetensors").exists()
