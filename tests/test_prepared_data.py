@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from adaptive_ds.data import PreparedData, build_training_data
 from adaptive_ds.data.prepare import PrepareArguments, main, prepare
-from adaptive_ds.data.prepared import Mixture
+from adaptive_ds.data.prepared import Mixture, PreparedCorpus
 from adaptive_ds.data.text import is_validation
 from adaptive_ds.training import train
 
@@ -185,16 +185,39 @@ def test_bad_records_are_skipped_and_counted_and_a_truncated_file_ends_early(tmp
     assert build_training_data(out, 4, 0).summary()["data_skipped"] == manifest["skipped"]
 
 
-def test_resuming_deep_takes_as_long_as_resuming_early(tmp_path):
-    import time
+def test_resuming_deep_reads_as_few_blocks_as_resuming_early(tmp_path, monkeypatch):
+    data = build_training_data(prepared(tmp_path), 16, seed=0, workers=0)  # workers 0: the reads happen here
+    reads = []
+    real = PreparedCorpus.block
 
-    data = build_training_data(prepared(tmp_path), 16, seed=0, workers=1)
-    seconds = {}
-    for step in (10, 10**7, 10, 10**7):  # twice each: the second of a pair is the one kept
-        started = time.perf_counter()
-        next(data.step_batches(step, 8))
-        seconds[step] = time.perf_counter() - started
-    assert seconds[10**7] < 3 * seconds[10] + 0.2, seconds
+    def counted(corpus, split, index, seq_len):
+        reads.append((split, index))
+        return real(corpus, split, index, seq_len)
+
+    monkeypatch.setattr(PreparedCorpus, "block", counted)
+    read = {}
+    for step in (10, 10**7):
+        reads.clear()
+        rows = next(data.step_batches(step, 8))["input_ids"]
+        read[step] = list(reads)
+        # the seek lands where an uninterrupted run would be: the step's own 8 samples
+        expected = np.stack([data.sample(g) for g in range(step * 8, step * 8 + 8)])
+        assert rows.numpy().tolist() == expected.tolist()
+    assert len(read[10]) == len(read[10**7]) == 8  # the step's rows, nothing before them
+    assert all(split == "train" and 0 <= index < data.blocks[0] for split, index in read[10**7])
+
+
+def test_prepare_refuses_a_source_without_documents_and_writes_nothing(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "\xff\xfe"}\n{"text": 3}\n')
+    with pytest.raises(SystemExit, match=f"^error: data {str(empty)!r} holds no records; pass a source with "
+                                         "documents$"):
+        main(["--data", str(empty), "--out", str(tmp_path / "p"), "--workers", "1"])
+    with pytest.raises(SystemExit, match=r"holds no usable document \(2 records skipped: invalid_utf8 1, not_text 1\)"):
+        main(["--data", str(bad), "--out", str(tmp_path / "p"), "--workers", "1"])
+    assert not (tmp_path / "p").exists()
 
 
 def _continued_losses(tmp_path, name, data, command=(), **block):

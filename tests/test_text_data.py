@@ -3,6 +3,7 @@
 import gzip
 import itertools
 import json
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,6 +45,20 @@ def test_every_format_streams_its_documents(tmp_path, fmt):
 def test_missing_text_field_is_named(tmp_path):
     with pytest.raises(ValueError, match="no field 'text' in its first record"):
         next(open_documents(_write(tmp_path, "jsonl")))
+
+
+def test_a_text_field_that_is_not_a_string_skips_the_record_not_the_source(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    bad = [{"text": 7}, {"text": None}, {"text": ["a", "list"]}, {"text": {"a": 1}}, {"url": "no text"}, ["a list"]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*bad, *({"text": d} for d in DOCS)]))
+    skipped = Counter()
+    assert list(open_documents(str(path), skipped=skipped)) == DOCS
+    assert skipped == {"not_text": 4, "missing_field": 2}
+    nulls = tmp_path / "nulls.parquet"  # a parquet column's nulls are not text either
+    pq.write_table(pa.table({"text": [None, *DOCS[:3], None]}), nulls)
+    skipped = Counter()
+    assert list(open_documents(str(nulls), skipped=skipped)) == DOCS[:3]
+    assert skipped == {"not_text": 2}
 
 
 def test_bpe_tokenizer_is_trained_offline_and_round_trips():
@@ -141,10 +156,11 @@ def test_token_budget_sets_the_steps_and_epochs_need_prepared_data(tmp_path):
 def test_a_hub_name_goes_to_the_hub_loader_offline(monkeypatch):
     # No network in tests: with the Hub switched off, the Hub branch must fail inside `datasets`' Hub
     # resolution for exactly the name and config given (a local path would never get there).
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     import datasets
+    import huggingface_hub.constants
 
+    for module in (datasets.config, huggingface_hub.constants):  # read at import: the variable is too late
+        monkeypatch.setattr(module, "HF_HUB_OFFLINE", True)
     calls = []
     real = datasets.load_dataset
 
@@ -153,7 +169,10 @@ def test_a_hub_name_goes_to_the_hub_loader_offline(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr("adaptive_ds.data.text.load_dataset", recording)
-    with pytest.raises(Exception) as error:
+    with pytest.raises(ValueError, match="'allenai/c4' is not a local path, and as a Hub dataset it cannot be "
+                                         "opened") as error:
         next(open_documents("allenai/c4", hub_config="en"))
     assert calls == [(("allenai/c4", "en"), {"split": "train", "streaming": True})]
-    assert "allenai/c4" in str(error.value) or "offline" in str(error.value).lower()
+    # what `datasets` raises offline, kept as the cause
+    assert type(error.value.__cause__) is ConnectionError
+    assert str(error.value.__cause__) == "Couldn't reach 'allenai/c4' on the Hub (OfflineModeIsEnabled)"

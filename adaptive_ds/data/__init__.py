@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
+import math
 import os
 import signal
 import sys
@@ -24,8 +25,8 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
 from .embedded import TIERS, CorpusStatistics, block, corpus_statistics
-from .prepared import Mixture, PreparedCorpus, is_prepared, shuffled_block
-from .text import BUILDERS, load_tokenizer, local_files, looks_like_path, open_documents
+from .prepared import Mixture, PreparedCorpus, is_prepared, read_manifest, shuffled_block
+from .text import BUILDERS, file_format, load_tokenizer, local_files, looks_like_path, open_documents
 from .tokenizer import embedded_tokenizer
 
 EMBEDDED = "embedded"
@@ -237,7 +238,7 @@ def parse_mixture(source: str) -> list[tuple[float, str]] | None:
             value = float(weight)
         except ValueError:
             value = -1.0
-        if not sep or value <= 0 or not path:
+        if not sep or not math.isfinite(value) or value <= 0 or not path:
             raise ValueError(f"data mixture part {part!r} is not WEIGHT:SOURCE with a positive weight; e.g. "
                              "0.7:DIR_A,0.3:DIR_B")
         mixture.append((value, path))
@@ -258,10 +259,36 @@ def source_problems(source: str) -> list[str]:
         bad = [path for _, path in mixture if not is_prepared(path)]
         return [f"data mixture parts {', '.join(map(repr, bad))} are not prepared directories; mixtures blend "
                 "prepared data: run `python -m adaptive_ds.data.prepare` on each source"] if bad else []
-    if is_prepared(source) or not looks_like_path(source) or local_files(source):
+    if is_prepared(source) or not looks_like_path(source):
         return []
+    files = local_files(source)
+    if files:
+        try:
+            file_format(files, source)
+        except ValueError as e:
+            return [str(e)]
+        return []
+    endings = ", ".join(BUILDERS)
+    if os.path.isdir(source):
+        return [f"data directory {source!r} holds no data files; valid endings: {endings}"]
+    if any(c in source for c in "*?["):
+        return [f"data glob {source!r} matches no file; pass a pattern that matches files ending {endings}"]
     return [f"data path {source!r} does not exist; valid choices: {', '.join(map(repr, EMBEDDED_SOURCES))}, a "
-            f"prepared directory, local files ({', '.join(BUILDERS)}) or a Hub dataset name"]
+            f"prepared directory, local files ({endings}) or a Hub dataset name"]
+
+
+def tokenizer_identity(source: str, tokenizer: str) -> str:
+    """What names the tokenizer of a run on `source` (a checkpoint must match it): the embedded corpus's, the
+    prepared data's own (`sha256:` of its tokenizer, whatever `tokenizer` says: a directory prepared again with
+    another tokenizer of the same size must not resume a run), or `tokenizer`, which streamed text is tokenized
+    with."""
+    if source in EMBEDDED_SOURCES:
+        return EMBEDDED
+    mixture = parse_mixture(source)
+    directory = mixture[0][1] if mixture else source
+    if is_prepared(directory):  # a mixture's parts share one tokenizer (PreparedData refuses others)
+        return f"sha256:{read_manifest(directory)['tokenizer_sha256']}"
+    return tokenizer
 
 
 def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "bpe:8192",
@@ -287,6 +314,7 @@ def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "
     mixture = parse_mixture(source)
     if mixture or is_prepared(source):
         return PreparedData(mixture or [(1.0, source)], seq_len, seed, workers, epoch_blocks)
+    # A source without a usable document is refused here, before the tokenizer is trained or a worker started
     sample = itertools.islice(open_documents(source, text_field, hub_config), tokenizer_sample_docs)
     tok = load_tokenizer(tokenizer, sample)
     return StreamingData(source, tok, seq_len, seed, text_field, hub_config, validation_share, epoch_blocks, workers)

@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from .prepared import FORMAT_VERSION, MANIFEST, PREPARING, SPLITS, TOKENIZER_DIR, tokenizer_hash
+from .prepared import FORMAT_VERSION, MANIFEST, PREPARING, SPLITS, TOKENIZER_DIR, read_manifest, tokenizer_hash
 from .text import is_validation, load_tokenizer, open_documents
 
 logger = logging.getLogger(__name__)
@@ -117,20 +117,17 @@ def _batches(texts: Iterator[str], size: int) -> Iterator[list[str]]:
 
 
 def _check_output_dir(out: str, arguments: dict) -> bool:
-    """True if `out` already holds this exact prepare. Removes a partial prepare of ours; refuses anything else."""
+    """True if `out` already holds this exact prepare; False if it is new, empty or a partial prepare of ours (to
+    be started over); refuses anything else."""
     manifest_path = os.path.join(out, MANIFEST)
     if os.path.isfile(manifest_path):
-        with open(manifest_path) as f:
-            recorded = json.load(f)["arguments"]
+        recorded = read_manifest(out)["arguments"]
         if recorded == arguments:
             return True
         changed = ", ".join(f"{k} {recorded.get(k)!r} (now {v!r})" for k, v in arguments.items()
                             if recorded.get(k) != v)
         raise SystemExit(f"{out!r} already holds a prepare with other arguments: {changed}; pass another --out")
-    if os.path.isfile(os.path.join(out, PREPARING)):
-        logger.warning("%s holds a partial prepare (killed before its manifest): starting it over", out)
-        shutil.rmtree(out)
-    elif os.path.isdir(out) and os.listdir(out):
+    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, PREPARING)):
         raise SystemExit(f"--out {out!r} is a non-empty directory that is not a prepare; pass a new or empty one")
     return False
 
@@ -141,13 +138,16 @@ def prepare(args: PrepareArguments, out: str, workers: int | None = None, batch_
     arguments = dataclasses.asdict(args)
     if _check_output_dir(out, arguments):
         logger.info("%s is already prepared with these arguments: nothing to do", out)
-        with open(os.path.join(out, MANIFEST)) as f:
-            return json.load(f)
+        return read_manifest(out)
+    # a source without a usable document is refused here, before `out` is touched
+    sample = itertools.islice(open_documents(args.data, args.text_field, args.data_config),
+                              args.tokenizer_sample_docs)
+    if os.path.isfile(os.path.join(out, PREPARING)):
+        logger.warning("%s holds a partial prepare (killed before its manifest): starting it over", out)
+        shutil.rmtree(out)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, PREPARING), "w") as f:
         json.dump(arguments, f)
-    sample = itertools.islice(open_documents(args.data, args.text_field, args.data_config),
-                              args.tokenizer_sample_docs)
     tokenizer = load_tokenizer(args.tokenizer, sample)
     tokenizer.save_pretrained(os.path.join(out, TOKENIZER_DIR))
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 1 << 16 else np.uint32)

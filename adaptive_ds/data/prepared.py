@@ -29,11 +29,30 @@ def tokenizer_hash(directory: str) -> str:
     or of all its files for a tokenizer without one. The same tokenizer saved twice hashes the same."""
     h = hashlib.sha256()
     root = os.path.join(directory, TOKENIZER_DIR)
+    if not os.path.isdir(root):
+        raise ValueError(f"prepared data {directory!r} has no {TOKENIZER_DIR}/ directory; prepare it again")
     names = ["tokenizer.json"] if os.path.isfile(os.path.join(root, "tokenizer.json")) else sorted(os.listdir(root))
     for name in names:
         with open(os.path.join(root, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read())
     return h.hexdigest()
+
+
+MANIFEST_KEYS = ("arguments", "tokenizer_sha256", "dtype", *SPLITS)
+
+
+def read_manifest(directory: str) -> dict:
+    """The manifest of a complete prepared directory (ValueError, naming what is wrong, for a damaged one)."""
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            manifest = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"prepared data {directory!r}: its {MANIFEST} is not valid JSON ({e}); prepare it "
+                         "again") from None
+    missing = [key for key in MANIFEST_KEYS if key not in manifest] if isinstance(manifest, dict) else ["fields"]
+    if missing:
+        raise ValueError(f"prepared data {directory!r}: its {MANIFEST} has no {missing[0]!r}; prepare it again")
+    return manifest
 
 
 def is_prepared(path: str) -> bool:
@@ -49,8 +68,7 @@ class PreparedCorpus:
         if not os.path.isfile(os.path.join(directory, MANIFEST)):
             raise ValueError(f"{directory!r} is a partial prepare (no {MANIFEST}: it was stopped before the end); "
                              "run `python -m adaptive_ds.data.prepare` with the same arguments again")
-        with open(os.path.join(directory, MANIFEST)) as f:
-            self.manifest = json.load(f)
+        self.manifest = read_manifest(directory)
         found = tokenizer_hash(directory)
         if found != self.manifest["tokenizer_sha256"]:
             raise ValueError(f"prepared data {directory!r}: its tokenizer/ (sha256 {found[:12]}) is not the one its "

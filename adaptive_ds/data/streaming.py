@@ -14,6 +14,9 @@ its `state_dict` (it is refilled on resume, so the order after a resume differs 
 A window restarts from the stream's `state_dict` at its first record: resuming costs at most re-reading and
 re-tokenizing one window, whatever the run's length, and the blocks are exactly the uninterrupted run's.
 
+A rank's stream that holds no record, or a whole epoch of it that gives no training block (every record skipped
+or held out for validation), ends the run with one line: starting another epoch would read the same nothing forever.
+
 A streamed run's steps depend on the number of ranks (each reads its own shard); it resumes on the same
 number only. Prepared data (`adaptive_ds.data.prepare`) has neither limit.
 """
@@ -30,6 +33,7 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..ds_config import ConfigError
 from . import TrainingData, _tensors
 from .text import checked_text, document_rows, is_validation
 
@@ -39,7 +43,8 @@ WINDOW_DOCS = 1024
 
 
 class _Windows(IterableDataset):
-    """Items: {"epoch", "window", "stream_state" (at the window's first record), "blocks", "skipped"}."""
+    """Items: {"epoch", "window", "stream_state" (at the window's first record), "records", "blocks", "skipped"}.
+    Ends (in every worker alike: each reads the whole rank stream) when an epoch of the stream holds no record."""
 
     def __init__(self, data: StreamingData, rank: int, world_size: int, start: dict):
         self.data, self.rank, self.world_size, self.start = data, rank, world_size, start
@@ -58,12 +63,12 @@ class _Windows(IterableDataset):
             for columns in stream.iter(batch_size=self.data.window_docs):
                 chunk = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
                 if (window - self.start["window"]) % workers == worker:
-                    yield {"epoch": epoch, "window": window, "stream_state": stream_state,
+                    yield {"epoch": epoch, "window": window, "stream_state": stream_state, "records": len(chunk),
                            **self.data.pack(chunk, self.rank, window)}
                 window += 1
                 stream_state = stream.state_dict()  # the next window's first record
-            if window == epoch_start and not resumed:  # else every worker would loop here forever
-                raise ValueError(f"data {self.data.source!r} has no records for rank {self.rank} of {self.world_size}")
+            if window == epoch_start and not resumed:  # the loader ends, and the training process says why
+                return
             epoch, stream_state = epoch + 1, None
 
 
@@ -130,9 +135,11 @@ class StreamingData(TrainingData):
         per_rank = rows_per_step // world_size
         rows: list[np.ndarray] = []
         skip = start["offset"]
+        epoch = _Epoch(self.source, rank, world_size, start)
         # items stay numpy (pickled through the worker queue): a window's many blocks as tensors would each need
         # a shared-memory file descriptor
         for item in self.loader(_Windows(self, rank, world_size, start), None, _as_is):
+            epoch.read(item)
             self.skipped.update(item["skipped"])
             for offset, block in enumerate(item["blocks"][skip:], skip):
                 rows.append(block)
@@ -143,6 +150,29 @@ class StreamingData(TrainingData):
                     yield _tensors({k: v.numpy() for k, v in self._batch(rows).items()})
                     rows = []
             skip = 0
+        raise ConfigError(f"data {self.source!r} has no records for rank {rank} of {world_size}; pass a source with "
+                          "at least as many records as processes")
+
+
+class _Epoch:
+    """Watches the windows of a rank's stream, in order, and refuses an epoch that gave no training block (the
+    next would give none either). Raised in the training process, as a ConfigError: the run's one line."""
+
+    def __init__(self, source: str, rank: int, world_size: int, start: dict):
+        self.source, self.rank, self.world_size = source, rank, world_size
+        self.number, self.records, self.blocks = start["epoch"], 0, 0
+        # a resumed epoch is read from a window on, and its rest may well hold no block
+        self.partial = start["stream_state"] is not None
+
+    def read(self, item: dict) -> None:
+        if item["epoch"] != self.number:
+            if not self.blocks and not self.partial:
+                raise ConfigError(f"data {self.source!r} gave rank {self.rank} of {self.world_size} no training block "
+                                  f"in a whole epoch of {self.records} records: each was skipped or held out for "
+                                  "validation; pass more documents or a smaller --validation_share")
+            self.number, self.records, self.blocks, self.partial = item["epoch"], 0, 0, False
+        self.records += item["records"]
+        self.blocks += len(item["blocks"])
 
 
 def _as_is(item: dict) -> dict:

@@ -3,8 +3,9 @@
 Every source is a `datasets.IterableDataset` of rows (`document_rows`), so sharding over ranks
 (`split_dataset_by_node`) and resumable positions (`state_dict`) are the library's. Local JSON lines
 (`.jsonl`, `.json`, `.json.gz`: C4's format) are read by a generator that checks each record on its own, so one
-bad record (invalid UTF-8, not JSON, no text field) or a truncated gzip member costs that record or the rest of
-that file, with a counted warning, never the run. Each file is one shard of the dataset.
+bad record (invalid UTF-8, not JSON, no text field, a text field that is not a string) or a truncated gzip member
+costs that record or the rest of that file, with a counted warning, never the run. Each file is one shard of the
+dataset. A source that holds no usable document at all is refused when it is opened (`open_documents`).
 
 Documents are tokenized, joined with EOS and cut into `seq_len` blocks. A fixed share of documents (chosen by a
 seeded hash of their index) is held out for validation.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -34,14 +36,31 @@ BUILDERS = {".jsonl": "json", ".json": "json", ".json.gz": "json", ".jsonl.gz": 
 BPE_EOS = "<|endoftext|>"
 BPE_PAD = "<|pad|>"
 SKIP = "_skip"  # the column that carries why a record was skipped (empty when it is a document)
-SKIP_REASONS = ("empty", "invalid_utf8", "not_json", "missing_field", "truncated_file")
+SKIP_REASONS = ("empty", "invalid_utf8", "not_json", "missing_field", "not_text", "truncated_file")
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _builder(path: str) -> str:
+    """The `datasets` builder of a local file, by its ending. A .gz file must start as gzip does (an empty one holds
+    no records, and one cut short is read up to the cut): another file named .gz is refused, not read as damage."""
     for ending, builder in sorted(BUILDERS.items(), key=lambda kv: -len(kv[0])):
         if path.endswith(ending):
+            if ending.endswith(".gz"):
+                with open(path, "rb") as f:
+                    head = f.read(len(GZIP_MAGIC))
+                if head and head != GZIP_MAGIC:
+                    raise ValueError(f"data file {path!r} ends in .gz but is not gzip-compressed; compress it "
+                                     "(gzip) or drop the .gz from its name")
             return builder
     raise ValueError(f"data file {path!r}: unknown format; valid endings: {', '.join(BUILDERS)}")
+
+
+def file_format(files: list[str], source: str) -> str:
+    """The one `datasets` builder of `source`'s local `files` (ValueError for an unknown, damaged or mixed format)."""
+    builders = {_builder(f) for f in files}
+    if len(builders) > 1:
+        raise ValueError(f"data {source!r} mixes formats ({', '.join(sorted(builders))}); use one")
+    return builders.pop()
 
 
 def looks_like_path(source: str) -> bool:
@@ -68,8 +87,10 @@ def _json_line(raw: bytes, text_field: str) -> tuple[str, str]:
         return "", "invalid_utf8"
     except json.JSONDecodeError:
         return "", "not_json"
-    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+    if not isinstance(record, dict) or text_field not in record:
         return "", "missing_field"
+    if not isinstance(record[text_field], str):  # a number, null, a list: the field is right, the record is bad
+        return "", "not_text"
     return record[text_field], ""
 
 
@@ -98,14 +119,17 @@ def document_rows(source: str, text_field: str = "text", hub_config: str | None 
     dataset name such as allenai/c4 (config en). Read the texts with `checked_text`."""
     files = local_files(source)
     if not files:
-        return load_dataset(source, hub_config, split="train", streaming=True)
-    builders = {_builder(f) for f in files}
-    if len(builders) > 1:
-        raise ValueError(f"data {source!r} mixes formats ({', '.join(sorted(builders))}); use one")
-    if builders == {"json"}:
+        try:
+            return load_dataset(source, hub_config, split="train", streaming=True)
+        except (ConnectionError, FileNotFoundError) as e:  # unreachable, offline, or no such dataset
+            raise ValueError(f"data {source!r} is not a local path, and as a Hub dataset it cannot be opened "
+                             f"({' '.join(str(e).split())}); pass local files, a prepared directory or a Hub dataset "
+                             "name") from e
+    builder = file_format(files, source)
+    if builder == "json":
         return IterableDataset.from_generator(_json_lines_rows, gen_kwargs={"files": files,
                                                                             "text_field": text_field})
-    return load_dataset(builders.pop(), data_files=files, split="train", streaming=True)
+    return load_dataset(builder, data_files=files, split="train", streaming=True)
 
 
 def checked_text(row: dict, text_field: str, skipped: Counter) -> str | None:
@@ -113,8 +137,10 @@ def checked_text(row: dict, text_field: str, skipped: Counter) -> str | None:
     usable document."""
     reason = row.get(SKIP) or ""
     text = row.get(text_field)
-    if not reason and not isinstance(text, str):
+    if not reason and text_field not in row:
         reason = "missing_field"
+    elif not reason and not isinstance(text, str):  # a null in a parquet column, say
+        reason = "not_text"
     elif not reason and not text.strip():
         reason = "empty"
     if not reason:
@@ -128,9 +154,28 @@ def checked_text(row: dict, text_field: str, skipped: Counter) -> str | None:
 
 def open_documents(source: str, text_field: str = "text", hub_config: str | None = None,
                    skipped: Counter | None = None) -> Iterator[str]:
-    """Texts of `source`, streamed, bad records skipped and counted in `skipped`. A first record without
-    `text_field` means the field is wrong, and is refused."""
+    """Texts of `source`, streamed, bad records skipped and counted in `skipped`.
+
+    Checked here, in the caller's process and before any text reaches a consumer (the tokenizer trainer, which
+    would bury the error in its own traceback; DataLoader workers): a first record without `text_field` means the
+    field is wrong, and a source without a usable document is refused. Reading stops at the first usable one, so
+    the check costs one record of a good corpus, whatever its size.
+    """
     skipped = Counter() if skipped is None else skipped
+    documents = _documents(source, text_field, hub_config, skipped)
+    first = next(documents, None)
+    if first is None:
+        records = sum(skipped.values())
+        if not records:
+            raise ValueError(f"data {source!r} holds no records; pass a source with documents")
+        reasons = ", ".join(f"{reason} {count}" for reason, count in skipped.most_common())
+        counted = f"{records} record skipped" if records == 1 else f"{records} records skipped"
+        raise ValueError(f"data {source!r} holds no usable document ({counted}: {reasons}); each record needs "
+                         f"non-empty text in its {text_field!r} field")
+    return itertools.chain([first], documents)
+
+
+def _documents(source: str, text_field: str, hub_config: str | None, skipped: Counter) -> Iterator[str]:
     for position, row in enumerate(document_rows(source, text_field, hub_config)):
         if position == 0 and (text_field not in row or row.get(SKIP) == "missing_field"):
             raise ValueError(f"data {source!r} has no field {text_field!r} in its first record; pass the field that "

@@ -45,7 +45,7 @@ from deepspeed.checkpoint.constants import (
 )
 
 from .. import distributed
-from ..data import EMBEDDED_SOURCES
+from ..data import tokenizer_identity
 from ..models import AdaptiveDSConfig
 from . import consolidate, universal
 
@@ -512,7 +512,7 @@ def write_json(path: str, obj: dict) -> None:
 def run_identity(settings, world_size: int, rows_per_rank_step: int, config) -> dict:
     """What a checkpoint must match to be resumed by this run (as it reads back from JSON)."""
     identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
-                "tokenizer": "embedded" if settings.data in EMBEDDED_SOURCES else settings.tokenizer,
+                "tokenizer": tokenizer_identity(settings.data, settings.tokenizer),
                 "world_size": world_size, "rows_per_step": rows_per_rank_step * world_size,
                 "model": config.to_dict()}
     return json.loads(json.dumps(identity))
