@@ -146,7 +146,7 @@ def test_training_on_local_c4_shards_writes_the_contract(tmp_path):
 
 def test_token_budget_sets_the_steps_and_epochs_need_prepared_data(tmp_path):
     path = _write(tmp_path, "txt")
-    config = write_ds_config(tmp_path, data=path, tokenizer="bpe:320", tokens="2000")
+    config = write_ds_config(tmp_path, data=path, tokenizer="bpe:320", validation_share=0.2, tokens="2000")
     summary = train(["--ds_config", config, "--output_dir", str(tmp_path / "run")])
     assert summary["steps"] == 4  # ceil(2000 / (2 x 256))
     with pytest.raises(ValueError, match="--epochs with a token budget .* needs random access: prepare"):

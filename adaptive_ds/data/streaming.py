@@ -16,6 +16,7 @@ re-tokenizing one window, whatever the run's length, and the blocks are exactly 
 
 A rank's stream that holds no record, or a whole epoch of it that gives no training block (every record skipped
 or held out for validation), ends the run with one line: starting another epoch would read the same nothing forever.
+So does a source without a held-out document, whose validation loss would be NaN.
 
 A streamed run's steps depend on the number of ranks (each reads its own shard); it resumes on the same
 number only. Prepared data (`adaptive_ds.data.prepare`) has neither limit.
@@ -111,8 +112,18 @@ class StreamingData(TrainingData):
         return {"blocks": self._blocks([texts[i] for i in order]), "skipped": dict(skipped)}
 
     def validation_blocks(self) -> Iterator[np.ndarray]:
+        """The held-out documents' blocks, in one pass over the source; a source without one is refused (its
+        validation loss would be NaN)."""
+        records, skipped, blocks = 0, Counter(), 0
         for rows in _chunks(iter(self.rows()), self.window_docs):
-            yield from self._blocks(self._texts(rows, Counter(), "validation"))
+            records += len(rows)
+            for block in self._blocks(self._texts(rows, skipped, "validation")):
+                blocks += 1
+                yield block
+        if not blocks:
+            raise ConfigError(f"data {self.source!r} holds no document held out for validation (--validation_share "
+                              f"{self.validation_share} of {records - sum(skipped.values())} usable records); pass a "
+                              "larger --validation_share or more documents")
 
     def state_dict(self) -> dict | None:
         return self._position
