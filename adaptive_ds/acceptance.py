@@ -84,6 +84,9 @@ class Target(NamedTuple):
 
 
 H200_GIB = DEVICES["h200"].memory_gib
+# b7 "trains within one H200": every one of its optimizer steps ran (an out-of-memory fails the stage) with a finite
+# loss, and its allocator's peak is within an H200's memory (on an H200 the out-of-memory decides; on a larger GPU
+# this says whether it would have fit).
 TARGETS = (
     Target("dense debug_200m >= 45% MFU", "benchmark", ("results", "dense", "mfu"), ">=", 0.45, "%"),
     Target("dense >= 1.3x HF `LlamaForCausalLM` + `torch.compile` tokens/s (dense / hf_llama_compile)", "benchmark",
