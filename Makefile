@@ -1,7 +1,7 @@
 # Two commands: `make train` (set up, then the default debug run on the embedded corpus) and `make test`.
 #
-# torch is installed first, pinned: on this project's CPU machines pip takes the local CPU build of 2.13.0,
-# on a GPU machine PyPI's 2.13.0 wheel is the CUDA build. Elsewhere, for a small CPU build:
+# torch is installed first, pinned: pip takes a CPU build of 2.13.0 where one is on its path (a local wheel or
+# index), and PyPI's 2.13.0 wheel, a CUDA build, elsewhere. For a small CPU build from PyTorch's own index:
 #   make train TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 PYTHON ?= python3
 VENV ?= .venv

@@ -38,27 +38,22 @@ PRESETS: dict[str, Preset] = {
 MODEL_VARIANTS: dict[str, dict] = {
     # The best MoD setting of Raposo et al. 2024 (arXiv 2404.02258, sec. 4.1): 12.5% capacity in every other block.
     "mod_paper": {"mod_capacity": 0.125, "mod_layer_interval": 2},
-    # Capacity 0.5 in every block: mod's default before the grid measured the paper's setting better; what the
-    # throughput benchmark's `mod` case and the GPU target "mod (capacity 0.5) >= 1.6x dense" measure.
+    # Capacity 0.5 in every block: what the throughput benchmark's `mod` case and the GPU target "mod (capacity 0.5)
+    # >= 1.6x dense" measure.
     "mod_half": {"mod_capacity": 0.5, "mod_layer_interval": 1},
 }
 
 # The model settings each architecture ships with: `model_config` applies them under any explicit overrides (a
 # variant, `--model`). AdaptiveDSConfig's own field defaults stay what they always were (its docstring says why).
 ARCH_DEFAULTS: dict[str, dict] = {
-    # The paper's setting, measured best (BENCHMARKS.md, "Benchmark grid, debug on embedded:hard", 3 seeds, equal
-    # tokens): validation loss 1.8656 +- 0.0021 against 2.0004 +- 0.1008 for capacity 0.5 in every block, and
-    # 0.097 +- 0.034 nats better than dense trained on the same FLOPs, where capacity 0.5 only ties it.
+    # The paper's setting: the best MoD setting measured at equal tokens, and better than dense trained on the same
+    # FLOPs (BENCHMARKS.md sections grid:debug:embedded-hard and grid:debug:embedded-hard:active-flops-vs-iso-dense).
     "mod": MODEL_VARIANTS["mod_paper"],
-    # The same MoD setting (BENCHMARKS.md, "Follow-up grid: hybrid at the paper's MoD setting": 1.8689 +- 0.0185
-    # with top-2 MoE blocks, against 2.0686 +- 0.1381 at capacity 0.5 in every block), around MoE blocks that route
-    # each token to one expert, dropless: the hybrid setting that measured best per FLOP (BENCHMARKS.md, "MoE at
-    # dense's active FLOPs"; 3 seeds): 1.9129 +- 0.0170, better than dense trained on the same FLOPs by 0.050 +-
-    # 0.017 nats at 500k tokens and by 0.043 +- 0.014 at 2M ("Longer budget"), where top-2 with capacity-limited
-    # routing (the default before) tied its iso-FLOP dense (+0.012 +- 0.013; at 2M it lost, +0.016 +- 0.003) and
-    # capacity-limited top-1 dropped 26% of the routed tokens (2.16). Mod alone is better still at 500k (README,
-    # "Which architecture for which budget").
-    # The brief fixes the moe architecture's "8 experts top-2"; it leaves the hybrid's top-k open.
+    # The same MoD setting around MoE blocks that route each token to one expert, dropless: the hybrid setting that
+    # measured best per FLOP, better than dense trained on the same FLOPs at 500k and at 2M tokens (sections
+    # grid:debug:embedded-hard:active-flops-vs-iso-dense and grid:debug:embedded-hard:2m-vs-iso-dense, where the
+    # top-2 capacity-limited hybrid is compared too: grid:debug:embedded-hard:2m-hybrid-paper-vs-iso-dense). The moe
+    # architecture itself is 8 experts top-2 by definition; the hybrid's top-k is free to follow the measurements.
     "hybrid": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 1, "moe_drop_tokens": False},
 }
 

@@ -21,7 +21,7 @@ def _world_size(path: Path) -> int:
     return 8 if "8gpu" in path.name else 1
 
 
-def test_the_issue_s_configs_are_all_there():
+def test_a_config_ships_for_every_preset_and_its_hardware():
     names = {p.name for p in CONFIGS}
     assert {"debug_cpu.json", "debug_200m_t4.json", "b1_t4.json", "b1_a100.json", "b1_h100.json",
             "b7_a100_40gb_offload.json", "b7_8gpu.json", "b7_moe_8gpu.json"} <= names

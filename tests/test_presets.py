@@ -19,7 +19,7 @@ def test_vocab_is_padded_to_a_multiple_of_64():
     assert model_config("debug", "dense", 104).vocab_size == 128
 
 
-def test_table_matches_the_issue():
+def test_b1_has_tinyllamas_shape():
     p = PRESETS["b1"]
     assert (p.hidden_size, p.num_hidden_layers, p.num_attention_heads, p.num_key_value_heads,
             p.intermediate_size, p.seq_len, p.num_local_experts, p.num_experts_per_tok) == (
