@@ -289,7 +289,8 @@ def load_run(run_dir: str) -> dict:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            metrics = [json.loads(line) for line in f if line.strip()]
+            # the logged steps: a step that only validated (eval_steps off the logging cadence) has no train loss
+            metrics = [m for m in map(json.loads, filter(str.strip, f)) if "loss" in m]
         config = AdaptiveDSConfig.from_pretrained(os.path.join(run_dir, "final"))  # the model the run trained
         provenance = os.path.join(run_dir, PROVENANCE)
         trained = dict.fromkeys(("commit", "machine", "date"), "unknown")  # the grid stopped before writing it

@@ -417,3 +417,21 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
     assert (tmp_path / "benchmarks" / published).read_bytes() == before_results[published]
     with pytest.raises(SystemExit, match=r"--name 'Mine 2' .*lower-case letters, digits and '-'"):
         main([*argv, "--name", "Mine 2"])
+
+
+def test_a_run_that_validated_off_the_logging_cadence_is_read_by_its_logged_steps(tmp_path):
+    """eval_steps need not fall on log_steps: a step that only validated has a record without a train loss, and the
+    run's loss curve is its logged steps."""
+    from adaptive_ds.grid import load_run
+
+    run_dir = str(tmp_path / "run")
+    _finished_run(run_dir, "dense", 1)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        logged = [json.loads(line) for line in f]
+    validated = {"step": 1, "tokens_seen": 2048, "elapsed_s": 4.0, "validation_loss": 2.9, "validation_loss_se": 0.1}
+    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+        for record in (validated, {**logged[1], "step": 2}):
+            f.write(json.dumps(record) + "\n")
+    run = load_run(run_dir)
+    assert [c[1:3] for c in run["curve"]] == [(2.5, 4096)]  # one logged step: its loss at its tokens
+    assert run["curve"][0][0] > 0 and [m["step"] for m in run["metrics"]] == [2]
