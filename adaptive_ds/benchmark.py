@@ -216,11 +216,23 @@ def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing:
         measured = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
     predicted = plan(preset, arch, "h200", ds_config, vocab_size=vocab_size, activation_checkpointing=checkpointing,
                      model_overrides=overrides, cpu_process=not torch.cuda.is_available()).peak_gib
-    return {"preset": preset, "case": case, "arch": arch, "micro_batch": micro_batch, "seq_len": seq_len,
-            "activation_checkpointing": checkpointing, "precision": "fp32", "zero_stage": 1,
-            "experts": config.num_local_experts,
+    command = (f"python -m adaptive_ds.benchmark --memory --preset {preset} --cases {case} --micro_batch {micro_batch}"
+               + (" --checkpointing" if checkpointing else "") + (f" --experts {experts}" if experts else ""))
+    return {"preset": preset, "case": case, "arch": arch, "model": overrides, "vocab_size": vocab_size,
+            "micro_batch": micro_batch, "seq_len": seq_len, "activation_checkpointing": checkpointing,
+            "precision": "fp32", "zero_stage": 1, "experts": config.num_local_experts,
             "device": "cuda" if torch.cuda.is_available() else "cpu", "measured_gib": measured / 2**30,
-            "predicted_gib": predicted, "error": predicted / (measured / 2**30) - 1}
+            "predicted_gib": predicted, "error": predicted / (measured / 2**30) - 1,
+            "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(), "command": command,
+            "torch": torch.__version__, "deepspeed": deepspeed.__version__}
+
+
+def memory_key(report: dict) -> str:
+    """The name of a peak-memory report: memory:PRESET:cpu|cuda:CASE:mbN[:checkpointing][:eE] (the planner's
+    validation table reads the committed ones, benchmarks/memory_*.json)."""
+    return (f"memory:{report['preset']}:{report['device']}:{report['case']}:mb{report['micro_batch']}"
+            + (":checkpointing" if report["activation_checkpointing"] else "")
+            + (f":e{report['experts']}" if report["experts"] != PRESETS[report["preset"]].num_local_experts else ""))
 
 
 def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: int, new_tokens: int, rounds: int,
@@ -430,8 +442,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.memory:
         if args.cases[0] not in GENERATION_CASES:
             p.error(f"--memory measures one of our models; --cases one of {', '.join(GENERATION_CASES)}")
-        print(json.dumps(measure_peak_memory(args.preset, args.cases[0], args.micro_batch, args.checkpointing,
-                                             experts=args.experts), indent=2))
+        report = measure_peak_memory(args.preset, args.cases[0], args.micro_batch, args.checkpointing,
+                                     experts=args.experts)
+        print(json.dumps(report, indent=2))
+        print(f"report: {write_report(args.out, memory_key(report), report)}")
         return
     report = run_benchmark(args.preset, args.steps, args.rounds, args.warmup, args.micro_batch, args.precision,
                            args.cases)

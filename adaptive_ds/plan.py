@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -42,7 +43,7 @@ from .ds_config import ConfigError
 from .flops import training_flops_per_token
 from .hardware import DEVICES, GPUS
 from .models.configuration import AdaptiveDSConfig
-from .presets import MODEL_VARIANTS, PRESETS, ParameterCounts, block_parameters, model_config, parameter_counts
+from .presets import PRESETS, ParameterCounts, block_parameters, model_config, parameter_counts
 
 GIB = 2**30
 
@@ -93,6 +94,18 @@ def model_state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gp
         else:
             gpu += optimizer
     return gpu, cpu
+
+
+def _torch_adam_step_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int) -> float:
+    """The transient of torch's AdamW step (the CPU measurements' optimizer, `torch_adam`) on one rank: its
+    single-tensor path computes each parameter's denominator, sqrt(v) / bias correction, through two temporaries
+    of the parameter's size, and under ZeRO a "parameter" is a param group's whole flat fp32 partition. The largest
+    group counts: the non-expert decay group, or one of DeepSpeed's expert groups (at most its element cap)."""
+    from .training.optim import DEEPSPEED_MOE_GROUP_CAP  # imports DeepSpeed: only for a CPU process's peak
+
+    dp = gpus if layout.zero_stage >= 1 else 1
+    largest = max((total - experts) / dp, min(experts / ep_size, DEEPSPEED_MOE_GROUP_CAP) / max(1, gpus // ep_size))
+    return 2 * 4 * largest
 
 
 def activation_bytes(config: AdaptiveDSConfig, layout: Layout, seq_len: int, checkpointing: bool) -> float:
@@ -179,10 +192,12 @@ class Plan:
 def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, tokens: int | None = None,
          mfu: float = 0.35, price: float | None = None, vocab_size: int = 32000,
          activation_checkpointing: bool = False, model_overrides: dict | None = None,
-         cpu_process: bool = False) -> Plan:
+         cpu_process: bool = False, host_memory_gib: float | None = None) -> Plan:
     """`cpu_process`: predict a CPU process's peak resident memory instead of a GPU allocator's peak. It adds the
-    copy of the weights that exists while DeepSpeed flattens them into its contiguous buffer: a GPU allocator
-    frees it before the training peak, but the C allocator keeps it in the process."""
+    copy of the weights that exists while DeepSpeed flattens them into its contiguous buffer (a GPU allocator frees
+    it before the training peak, but the C allocator keeps it in the process) and the temporaries of torch's AdamW
+    step, the CPU's optimizer (`_torch_adam_step_bytes`). `host_memory_gib`: the CPU RAM
+    per GPU of the machine (default: the usual instance with that GPU, `adaptive_ds/hardware.py`)."""
     seq_len = PRESETS[preset].seq_len
     model = model_facts(preset, arch, vocab_size, model_overrides)
     config, counts = model.config, model.counts
@@ -190,12 +205,14 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
     ep_size = config.moe_ep_size if config.uses_moe else 1
     states_gpu, states_cpu = model_state_bytes(counts.total, model.experts, ep_size, layout, gpus)
     if cpu_process:
-        states_gpu += counts.total * (2 if layout.half_precision else 4)
+        states_gpu += counts.total * (2 if layout.half_precision else 4) + _torch_adam_step_bytes(
+            counts.total, model.experts, ep_size, layout, gpus)
     without = activation_bytes(config, layout, seq_len, checkpointing=False)
     with_ckpt = activation_bytes(config, layout, seq_len, checkpointing=True)
     activations = with_ckpt if activation_checkpointing else without
     peak = (states_gpu + activations) / GIB
     device = DEVICES[gpu]
+    host = host_memory_gib if host_memory_gib is not None else device.host_memory_gib
     price = price if price is not None else device.price_per_hour
     if price is None:
         raise ConfigError(f"no $/hour is known for {gpu} (adaptive_ds/hardware.py); pass --price")
@@ -208,66 +225,66 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
                 activations_gib=activations / GIB, activations_without_checkpointing_gib=without / GIB,
                 activations_with_checkpointing_gib=with_ckpt / GIB, peak_gib=peak,
                 gpu_memory_gib=device.memory_gib, fits=peak <= device.memory_gib,
-                host_memory_gib=device.host_memory_gib,
-                problems=_problems(config, layout, gpus, gpu, states_cpu / GIB), flops_per_token=model.flops_per_token,
+                host_memory_gib=host, problems=_problems(config, layout, gpus, gpu, states_cpu / GIB, host),
+                flops_per_token=model.flops_per_token,
                 tokens_per_s_bound=bound, tokens_per_s_projected=projected, mfu=mfu, tokens=tokens, hours=hours,
                 cost_usd=hours * gpus * price, price_per_gpu_hour=price)
 
 
-def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, gpu: str, cpu_gib: float) -> list[str]:
+def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, gpu: str, cpu_gib: float,
+              host: float | None) -> list[str]:
     """What stops a layout that fits the GPU: what DeepSpeed refuses, and a host too small for the offload."""
     found = []
     if config.uses_moe and layout.zero_stage == 3:
         found.append("DeepSpeed MoE does not run under ZeRO stage 3 (stage 1 or 2 with expert parallelism does)")
     if config.uses_moe and gpus % config.moe_ep_size:
         found.append(f"moe_ep_size {config.moe_ep_size} needs a multiple of {config.moe_ep_size} GPUs, not {gpus}")
-    host = DEVICES[gpu].host_memory_gib
     if host is not None and cpu_gib > host:
         found.append(f"the offloaded optimizer needs {cpu_gib:.1f} GiB of CPU RAM per GPU, more than the "
-                     f"{host:.0f} GiB per GPU of the usual {gpu} host, {DEVICES[gpu].host_instance}")
+                     f"{_host_words(gpu, host)}")
     return found
 
 
+def _host_words(gpu: str, host: float) -> str:
+    device = DEVICES[gpu]
+    if host == device.host_memory_gib:
+        return f"{host:.0f} GiB per GPU of the usual {gpu} host, {device.host_instance}"
+    return f"{host:.0f} GiB per GPU of the host"
+
+
 def host_memory_text(p: Plan) -> str:
-    """The CPU RAM a plan's offloaded optimizer needs, beside what the usual host of its GPU has."""
-    device = DEVICES[p.gpu]
+    """The CPU RAM a plan's offloaded optimizer needs, beside what its host has."""
     need = f"{p.cpu_states_gib:.1f} GiB of CPU RAM per GPU for the offloaded optimizer"
-    if device.host_memory_gib is None:
+    if p.host_memory_gib is None:
         return f"{need} (no usual {p.gpu} host is known: compare with the machine's)"
-    return f"{need}, of the {device.host_memory_gib:.0f} GiB per GPU of the usual {p.gpu} host, {device.host_instance}"
+    return f"{need}, of the {_host_words(p.gpu, p.host_memory_gib)}"
 
 
 # Measured peaks. The GPU rows are an external reference (EXTERNAL_LABEL): an independent 1.10B Llama with b1's
 # dimensions, measured by a script outside this project; their raw figures and provenance are the files in
-# benchmarks/external/. The CPU rows measure this project's models: `python -m adaptive_ds.benchmark --memory
-# --preset debug_200m --cases ARCH --micro_batch N [--checkpointing] [--experts 4]` on the 2-core CPU machine (fp32,
-# ZeRO-1, embedded vocab 128; peak RSS minus the RSS before the model was built), 2026-11-30. The mod and hybrid rows
-# ran at MoD capacity 0.5 in every block (then mod's default, the benchmark's cases still), the hybrid around top-2
-# MoE blocks, so they name it.
-EXTERNAL = Path(__file__).resolve().parents[1] / "benchmarks" / "external"
+# benchmarks/external/. The CPU rows measure this project's models, each a committed report of `python -m
+# adaptive_ds.benchmark --memory ... --out benchmarks` (benchmarks/memory_*.json: the command, commit, machine and
+# date with the figure; fp32, ZeRO-1, the embedded vocabulary; peak RSS minus the RSS before the model was built).
+BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+EXTERNAL = BENCHMARKS_DIR / "external"
 EXTERNAL_LABEL = "external reference: an independent 1.1B Llama, not this project's code"
-CPU = "CPU, 2 cores (peak RSS over the RSS before the model)"
-MEASURED_CPU = [
-    {"device": "cpu", "hardware": CPU, "preset": "debug_200m", "arch": "dense", "vocab_size": 128,
-     "checkpointing": False, "gib": 5.72,
-     "ds_config": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}},
-     "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1"},
-    {"device": "cpu", "hardware": CPU, "preset": "debug_200m", "arch": "mod", "vocab_size": 128, "checkpointing": True,
-     "model": MODEL_VARIANTS["mod_half"],
-     "gib": 4.40, "ds_config": {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}},
-     "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases mod --micro_batch 2 "
-               "--checkpointing"},
-    # MoE with 4 experts (the preset's 8 would need ~25 GiB, more than the 23 GiB machine)
-    {"device": "cpu", "hardware": CPU, "preset": "debug_200m", "arch": "moe", "vocab_size": 128, "checkpointing": False,
-     "model": {"num_local_experts": 4},
-     "gib": 14.42, "ds_config": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}},
-     "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases moe --micro_batch 1 --experts 4"},
-    {"device": "cpu", "hardware": CPU, "preset": "debug_200m", "arch": "hybrid", "vocab_size": 128,
-     "checkpointing": True, "model": {"num_local_experts": 4, **MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2},
-     "gib": 14.08, "ds_config": {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}},
-     "source": "python -m adaptive_ds.benchmark --memory --preset debug_200m --cases hybrid --micro_batch 4 "
-               "--checkpointing --experts 4"},
-]
+
+
+def cpu_measurements() -> list[dict]:
+    """The CPU rows, from the committed peak-memory reports of this project's models."""
+    rows = []
+    for path in sorted(BENCHMARKS_DIR.glob("memory_*_cpu_*.json")):
+        with open(path) as f:
+            report = json.load(f)
+        rows.append({"device": "cpu", "hardware": f"{report['machine']} (peak RSS over the RSS before the model)",
+                     "preset": report["preset"], "arch": report["arch"], "vocab_size": report["vocab_size"],
+                     "checkpointing": report["activation_checkpointing"], "model": report["model"],
+                     "gib": report["measured_gib"],
+                     "ds_config": {"train_micro_batch_size_per_gpu": report["micro_batch"],
+                                   "zero_optimization": {"stage": report["zero_stage"]}},
+                     "source": f"{report['command']} (`benchmarks/{path.name}`, {report['date']}, commit "
+                               f"{report['commit']})"})
+    return rows
 
 
 def _preset_of(model: dict, seq_len: int) -> str:
@@ -302,7 +319,7 @@ def external_measurements() -> list[dict]:
 
 
 def measurements() -> list[dict]:
-    return external_measurements() + MEASURED_CPU
+    return external_measurements() + cpu_measurements()
 
 
 def validation_table() -> list[dict]:
@@ -425,7 +442,7 @@ def validation_markdown() -> str:
         run = (f"{m['preset']} {m['arch']} (vocab {m['vocab_size']:,}{details}), {ds.precision}, "
                f"ZeRO-{ds.zero_stage}{offload}, micro {row['micro_batch']}, "
                f"seq {PRESETS[m['preset']].seq_len}{', checkpointing' if m['checkpointing'] else ''}")
-        source = f"`{m['source']}`" if m["source"].startswith("python") else m["source"]
+        source = re.sub(r"^(python [^(]*?) \(", r"`\1` (", m["source"])  # the command as code
         lines.append(f"| {m['hardware']} | {run} | {m['gib']:.2f} GiB | {row['predicted_gib']:.2f} GiB | "
                      f"{100 * row['error']:+.1f}% | {source} |")
     return "\n".join(lines)

@@ -7,6 +7,7 @@
 
 The routes, each offering the least change of its kind that runs (or nothing):
 
+- a host with more CPU RAM, where the offloaded optimizer is all that does not fit;
 - the same GPUs: the savings the config has not taken (micro-batch 1 with more accumulation, activation
   checkpointing, the optimizer offloaded to CPU), fewest and cheapest first;
 - more GPUs: for MoE, expert parallelism over the fewest GPUs that fit (moe_ep_size N on N data-parallel ranks, at
@@ -44,6 +45,7 @@ class Advice:
     ds_config: dict
     gpus: int
     plan: Plan  # the ds_config planned again: it runs
+    host_memory_gib: float | None = None  # CPU RAM per GPU it needs beyond the usual host's (None: the usual host)
 
     @property
     def text(self) -> str:
@@ -209,6 +211,22 @@ def _finer_experts(start: _Start) -> Advice | None:
     return _first(start.levels, counts, attempt)
 
 
+def _larger_host(start: _Start, base: Plan) -> Advice | None:
+    """The same config on a host with more CPU RAM, where the offloaded optimizer is all that does not fit: the
+    whole GiB it needs per GPU (instances with the same GPU and more memory are common: the usual one is the
+    smallest)."""
+    usual = base.host_memory_gib
+    if not base.fits or usual is None or base.cpu_states_gib <= usual:
+        return None
+    needed = float(math.ceil(base.cpu_states_gib))
+    again = plan_ds_config(start.preset, start.arch, start.gpu, start.ds_config, start.gpus,
+                           **{**start.options, "host_memory_gib": needed})
+    if not again.runs:
+        return None
+    return Advice([f"a host with at least {needed:.0f} GiB of CPU RAM per GPU (the usual {start.gpu} host has "
+                   f"{usual:.0f})"], start.ds_config, start.gpus, again, needed)
+
+
 def _parameters(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
@@ -243,5 +261,6 @@ def advise(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int | None =
                   if words else None)
     start = dataclasses.replace(start, levels=tuple(
         (words, settings) for words, settings in start.savings() if not (words and start.attempt(words, **settings))))
-    found = [same, _more_gpus(start), _fewer_experts(start), _finer_experts(start), _smaller_preset(start)]
+    found = [_larger_host(start, base), same, _more_gpus(start), _fewer_experts(start), _finer_experts(start),
+             _smaller_preset(start)]
     return [advice for advice in found if advice]

@@ -17,9 +17,10 @@ def _ds(name):
     return json.loads((ROOT / "ds_configs" / name).read_text())
 
 
-def _runs_on_a_usual_host(p, gpu):
-    """Fits the GPU, and its offloaded optimizer states fit the host RAM per GPU of the usual instance."""
-    return p.fits and p.cpu_states_gib <= DEVICES[gpu].host_memory_gib
+def _runs_on_a_usual_host(p, gpu, host_memory_gib=None):
+    """Fits the GPU, and its offloaded optimizer states fit the host RAM per GPU of the usual instance (or of the
+    larger host an advice names)."""
+    return p.fits and p.cpu_states_gib <= (host_memory_gib or DEVICES[gpu].host_memory_gib)
 
 
 # (preset, arch, GPU, shipped ds_config, GPUs): none runs as configured
@@ -29,7 +30,7 @@ DOES_NOT_RUN = [
     ("b7", "moe", "a100", "b1_a100.json", 1),
     ("b1", "moe", "a100", "b1_a100.json", 1),
     ("b7", "dense", "t4", "b1_t4.json", 1),
-    ("b1", "dense", "t4", "b1_t4.json", 1),  # fits the GPU, not the usual host
+    ("b1", "dense", "t4", "b1_t4.json", 1),  # fits the GPU, not the usual host: a larger host runs it
     ("b7", "moe", "h100", "b7_8gpu.json", 8),  # ZeRO-3, which DeepSpeed MoE does not run
 ]
 
@@ -44,8 +45,11 @@ def test_each_advice_is_a_config_that_runs_when_planned_again(preset, arch, gpu,
     for item in advice:
         block = item.ds_config["adaptive_ds"]
         # planned again from the config alone: its block names the model, its batch sizes the number of GPUs
-        again = plan_ds_config(block["preset"], block["arch"], gpu, item.ds_config)
-        assert again.gpus == item.gpus and _runs_on_a_usual_host(again, gpu), item.text
+        again = plan_ds_config(block["preset"], block["arch"], gpu, item.ds_config,
+                               host_memory_gib=item.host_memory_gib)
+        assert again.gpus == item.gpus and _runs_on_a_usual_host(again, gpu, item.host_memory_gib), item.text
+        if item.host_memory_gib is not None:  # a larger host: the one thing that did not fit was the host's RAM
+            assert base.fits and item.host_memory_gib > DEVICES[gpu].host_memory_gib and item.ds_config == config
         if arch in ("moe", "hybrid"):  # DeepSpeed MoE does not run under ZeRO-3
             assert item.ds_config["zero_optimization"]["stage"] <= 2 and "ZeRO-3" not in item.text, item.text
             assert item.gpus % item.ds_config["adaptive_ds"].get("model", {}).get("moe_ep_size", 1) == 0
@@ -120,3 +124,15 @@ def test_cli_advice_for_a_moe_names_what_runs_and_the_host_memory_it_needs(capsy
     assert "expert parallelism across 8 GPUs (moe_ep_size 8, 8 data-parallel ranks, ZeRO stage 2)" in out
     # the 95.8 GiB the configured offload needs, beside what the usual T4 host has
     assert "95.8 GiB of CPU RAM" in out and "16 GiB" in out and "g4dn.xlarge" in out
+
+
+def test_b1_on_a_t4_needs_only_a_larger_host_than_the_smallest_t4_instance():
+    """b1_t4.json fits the T4 itself; its offloaded optimizer (16 bytes a parameter) does not fit the 16 GiB of the
+    smallest T4 instance. The first advice keeps the config and names the RAM: the whole GiB above the need."""
+    config = _ds("b1_t4.json")
+    base = plan_ds_config("b1", "dense", "t4", config)
+    assert base.fits and not base.runs and 16 < base.cpu_states_gib < 17
+    first = advise("b1", "dense", "t4", config)[0]
+    assert first.ds_config == config and first.gpus == 1 and first.host_memory_gib == 17
+    assert first.text.startswith("a host with at least 17 GiB of CPU RAM per GPU (the usual t4 host has 16)")
+    assert plan_ds_config("b1", "dense", "t4", config, host_memory_gib=16.3).runs is False  # 16.4 needed
