@@ -6,15 +6,17 @@ import json
 import math
 import os
 import re
+import shlex
 
 import pytest
-from conftest import write_ds_config
+from conftest import ROOT, write_ds_config
 from transformers import AutoModelForCausalLM
 
 from adaptive_ds.grid import (
     PHASES,
     VARIANTS,
     GridSpec,
+    _parse_args,
     assemble,
     budgets,
     main,
@@ -435,3 +437,38 @@ def test_a_run_that_validated_off_the_logging_cadence_is_read_by_its_logged_step
     run = load_run(run_dir)
     assert [c[1:3] for c in run["curve"]] == [(2.5, 4096)]  # one logged step: its loss at its tokens
     assert run["curve"][0][0] > 0 and [m["step"] for m in run["metrics"]] == [2]
+
+
+# Recorded runs that today's grid names differently, because their command line has changed since they trained: the
+# architecture's shipped MoD setting or the hybrid's MoE routing moved (a run key holds the defaults its overrides
+# leave standing), or the variant was made to name every field those defaults moved through. The same command trains
+# them anew, as it should: their directories are history. The text-prepared reports record the corpus where the
+# README prepares it (data/text_prepared), not the directory their runs read, and --data is part of every run's key.
+_RETRAINED = {
+    "grid_debug_embedded-hard.json": {"mod", "mod:predictor", "hybrid", "hybrid:dropless"},
+    "grid_debug_embedded-hard_active-flops.json": {"hybrid:paper", "hybrid:top1"},
+    "grid_debug_embedded-hard_active-flops-vs-iso-dense.json": {"hybrid:top1"},
+}
+_DATA_MOVED = ("grid_debug_text-prepared.json", "grid_debug_text-prepared_new-defaults.json",
+               "grid_debug_text-prepared_new-defaults-vs-iso-dense.json")
+
+
+@pytest.mark.parametrize("report", sorted(p.name for p in (ROOT / "benchmarks").glob("grid_*.json")))
+def test_a_published_grids_command_names_its_recorded_run_directories(report, monkeypatch):
+    # `grid --report_only` with a report's recorded command finds its runs only if today's run_dir() names them as
+    # the grid that trained them did: rebuilt here from the command (the grid's own parser; --name is not part of a
+    # run's key, and the data need not exist), every recorded run directory, relative to --runs.
+    monkeypatch.chdir(ROOT)  # the recorded ds_config path is relative to the repository
+    recorded = json.loads((ROOT / "benchmarks" / report).read_text())
+    args = _parse_args(shlex.split(recorded["command"])[3:])
+    assert recorded["name"] == args.name and recorded["data"] == args.data and args.preset == [recorded["preset"]]
+    variants = {text: parse_variant(text) for text in args.variants}
+    spec = GridSpec(args.preset[0], tuple(variants.values()), tuple(args.seeds), args.tokens, args.ds_config,
+                    args.data, args.tokenizer, args.warmup_steps, args.baseline, args.eval_batches, args.name)
+    differ = {run["variant"] for run in recorded["runs"]
+              if os.path.basename(spec.run_dir("runs", variants[run["variant"]], run["seed"])) != run["run_dir"]}
+    retrained = _RETRAINED.get(report, set())
+    assert differ == (set(variants) if report in _DATA_MOVED else retrained)
+    for name in set(variants) - retrained:  # each name still means what the report records it trained
+        v = variants[name]
+        assert recorded["variants"][name] == {"arch": v.arch, "model": v.model, "controller": v.controller}, name
