@@ -62,17 +62,39 @@ def test_a_spike_rolls_back_scales_the_lr_and_is_not_healthy():
     losses = [3.0, 2.9, 3.1, 3.0, 2.95]
     assert all(c.observe_step(StepReport(i, x)).action is Action.CONTINUE for i, x in enumerate(losses, 1))
     assert c.healthy
+    at_step_4 = _controller(spike_window=4, spike_sigma=3.0)  # the state a checkpoint at step 4 saved
+    for i, x in enumerate(losses[:4], 1):
+        at_step_4.observe_step(StepReport(i, x))
     verdict = c.observe_step(StepReport(6, 4.0))  # mean 2.99, std ~0.07: far beyond 3 sigma
     assert verdict.action is Action.ROLL_BACK and c.knobs.lr_scale == 0.5 and not c.healthy
-    c.rolled_back()
-    assert c.healthy and c.losses == []
+    c.rolled_back(at_step_4.state_dict())
+    # back to the checkpoint's loss history (steps 1-4); the new learning-rate scale and the rollback stay
+    assert c.healthy and c.losses == losses[:4] and c.knobs.lr_scale == 0.5 and c.rollbacks == 1
+
+
+def test_a_rollback_forgets_the_validations_and_routing_windows_of_the_abandoned_steps():
+    """Patience counts the evaluations of the weights the run keeps: those of steps a rollback undid do not count,
+    nor do their routing windows; the decisions taken on them (the knobs) stay."""
+    c = _controller(knobs=Knobs(micro_batch=8, accumulation=1, aux_coef=0.01), early_stopping_patience=3,
+                    plateau_patience=1, balance_windows=2, min_improvement=0.01)
+    c.observe_validation(2, 2.0)
+    saved = c.state_dict()  # a checkpoint at step 2: best 2.0, nothing waited for yet
+    c.observe_validation(4, 2.5)  # no improvement: the plateau scales the learning rate
+    c.observe_window(WindowReport(4, moe={"load_balance": 0.5, "dead_experts": ["0:1"]}))
+    assert c.evals_without_improvement == 1 and c.low_balance == 1 and c.knobs.lr_scale == 0.5
+    c.rolled_back(saved)
+    assert (c.best_validation, c.evals_without_improvement, c.low_balance, c.dead_streak) == (2.0, 0, 0, {})
+    assert c.knobs.lr_scale == 0.5  # decided, kept
+    # three more evaluations without improvement stop the run, not two (the undone one does not count)
+    verdicts = [c.observe_validation(s, 2.5).action for s in (4, 6, 8)]
+    assert verdicts == [Action.CONTINUE, Action.CONTINUE, Action.STOP]
 
 
 def test_non_finite_losses_wait_then_roll_back_and_too_many_rollbacks_stop():
     c = _controller(nonfinite_steps=2, max_rollbacks=1)
     assert c.observe_step(StepReport(1, math.nan)).action is Action.CONTINUE and not c.healthy
     assert c.observe_step(StepReport(2, math.inf)).action is Action.ROLL_BACK
-    c.rolled_back()
+    c.rolled_back(_controller(nonfinite_steps=2, max_rollbacks=1).state_dict())  # a checkpoint at step 0
     c.observe_step(StepReport(3, math.nan))
     verdict = c.observe_step(StepReport(4, math.nan))
     assert verdict.action is Action.STOP and verdict.failed and "after 1 rollbacks" in verdict.reason

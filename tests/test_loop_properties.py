@@ -78,20 +78,32 @@ def scenarios(draw):
         keep_last=draw(st.integers(1, 3)),
         kill_before_step=kill,
         resume_micro_batch=draw(st.none() | st.sampled_from([1, 2, 4, 8])) if kill else None,
+        # early stopping after this many validations without improvement (0: off); nothing improves by 100 nats
+        patience=draw(st.integers(0, 3)),
         spike_at_step=draw(st.none() | st.integers(1, max_steps)),
         nan_at_step=draw(st.none() | st.integers(1, max_steps)),
         oom_at_step=draw(st.none() | st.integers(1, max_steps)),
     )
 
 
+def _last_step(case: dict) -> int:
+    """Where the run ends: max_steps, or the validation that exhausts the patience (the first validation sets the
+    best; each later one fails to improve on it by 100 nats), counting the validations of the steps it keeps."""
+    eval_steps, patience = case["eval_steps"], case["patience"]
+    if patience and eval_steps:
+        return min(case["max_steps"], eval_steps * (patience + 1))
+    return case["max_steps"]
+
+
 def _check_run(case: dict, directory: Path) -> None:
-    final = case["max_steps"]
-    budget = final * GLOBAL_BATCH - case["tokens_short_by"]
-    length = ["--max_steps", str(final)] if case["budget"] == "max_steps" else ["--tokens", str(budget)]
+    final = _last_step(case)
+    budget = case["max_steps"] * GLOBAL_BATCH - case["tokens_short_by"]
+    length = ["--max_steps", str(case["max_steps"])] if case["budget"] == "max_steps" else ["--tokens", str(budget)]
+    controller = {"spike_window": 2, "spike_sigma": 3.0, "early_stopping_patience": case["patience"],
+                  "min_improvement": 100.0}
     config = write_ds_config(directory, MICRO, ACCUMULATION, warmup_steps=1, log_steps=case["log_steps"],
                              eval_steps=case["eval_steps"], save_steps=case["save_steps"],
-                             keep_last=case["keep_last"], data_workers=0, model=TINY,
-                             controller={"spike_window": 2, "spike_sigma": 3.0})
+                             keep_last=case["keep_last"], data_workers=0, model=TINY, controller=controller)
     out = directory / "run"
     argv = ["--ds_config", config, "--output_dir", str(out), *length]
     log, validations = EngineLog(), []
@@ -107,11 +119,12 @@ def _check_run(case: dict, directory: Path) -> None:
         assert ("spike", case["spike_at_step"]) in faults.fired and not list((out / "checkpoints").glob("step*"))
         return
 
-    # the run's length: max_steps, or ceil(budget / global batch); the schedule built over exactly that
+    # the run's length: max_steps, or ceil(budget / global batch); the schedule built over exactly that; an early
+    # stop ends it sooner
     assert summary["steps"] == final and summary["tokens_seen"] == final * GLOBAL_BATCH
-    if case["budget"] == "tokens":
+    if case["budget"] == "tokens" and final == case["max_steps"]:
         assert budget <= summary["tokens_seen"] < budget + GLOBAL_BATCH
-    assert set(log.schedule_lengths) == {final}
+    assert set(log.schedule_lengths) == {case["max_steps"]}
 
     # one metrics.jsonl record per step that logged or validated, in order; the abandoned ones kept apart
     records = _jsonl(out / "metrics.jsonl")
@@ -147,7 +160,7 @@ def _check_run(case: dict, directory: Path) -> None:
         assert all(r["micro_batch"] == micro for r in resumed)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=scenarios())
 def test_cadences_hold_in_every_combination_of_settings(case):
     with tempfile.TemporaryDirectory() as directory:
@@ -179,3 +192,65 @@ def test_early_stopping_counts_the_evaluations_of_eval_steps(tmp_path):
     stops = [d for d in _jsonl(out / "decisions.jsonl") if d["action"] == "stop early"]
     assert [d["step"] for d in stops] == [9]
     assert [r["step"] for r in _jsonl(out / "metrics.jsonl") if "loss" in r] == [9]  # the last step logs
+
+
+def _run(tmp_path, log, faults, *args, **block) -> tuple[dict, list[dict]]:
+    """A run on the stand-in engine into tmp_path/run: its summary and metrics records."""
+    config = write_ds_config(tmp_path, MICRO, ACCUMULATION, **{"warmup_steps": 1, "log_steps": 1, "data_workers": 0,
+                                                                "model": TINY, **block})
+    out = tmp_path / "run"
+    summary = _train(["--ds_config", config, "--output_dir", str(out), *args], log, faults, [])
+    return summary, _jsonl(out / "metrics.jsonl")
+
+
+def test_a_finished_run_started_again_reports_its_last_loss_and_trains_nothing(tmp_path):
+    log = EngineLog()
+    first, records = _run(tmp_path, log, FakeFaults(log), max_steps=4, save_steps=2)
+    again, _ = _run(tmp_path, log, FakeFaults(log), max_steps=4, save_steps=2)
+    assert again["resumed_from_step"] == 4 and again["steps"] == 4 and log.executions[5] == 0
+    assert again["train_loss"] == records[-1]["loss"]  # the checkpoint's, not NaN
+    assert again["validation_loss"] == first["validation_loss"]
+
+
+def test_a_run_that_stopped_early_is_finished_when_its_command_runs_again(tmp_path):
+    log = EngineLog()
+    early = {"early_stopping_patience": 1, "min_improvement": 100.0}
+    first, _ = _run(tmp_path, log, FakeFaults(log), max_steps=12, eval_steps=2, controller=early)
+    assert first["steps"] == 4  # best at 2, no improvement at 4
+    again, records = _run(tmp_path, log, FakeFaults(log), max_steps=12, eval_steps=2, controller=early)
+    assert again["steps"] == 4 and log.executions[5] == 0 and [r["step"] for r in records] == [1, 2, 3, 4]
+    assert again["validation_loss"] == first["validation_loss"]
+
+
+def test_the_micro_batch_a_run_was_asked_for_is_not_applied_again_over_an_out_of_memory_halving(tmp_path):
+    """--micro_batch 4, halved to 2 by an out-of-memory error at step 2, killed before step 5: the same command
+    resumes at the split that fits; another --micro_batch is applied."""
+    log = EngineLog()
+    faults = FakeFaults(log, kill_before_step=5, oom_at_step=2)
+    with pytest.raises(Killed):
+        _run(tmp_path, log, faults, "--micro_batch", "4", max_steps=8, save_steps=4)
+    _, records = _run(tmp_path, log, faults, "--micro_batch", "4", max_steps=8, save_steps=4)
+    assert [(r["step"], r["micro_batch"]) for r in records] == [(1, 4)] + [(s, 2) for s in range(2, 9)]
+    log = EngineLog()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(Killed):
+        _run(tmp_path / "b", log, FakeFaults(log, kill_before_step=5), "--micro_batch", "4", max_steps=8,
+             save_steps=4)
+    _, records = _run(tmp_path / "b", log, FakeFaults(log), "--micro_batch", "1", max_steps=8, save_steps=4)
+    assert [r["micro_batch"] for r in records] == [4] * 4 + [1] * 4
+
+
+def test_validation_runs_in_forwards_of_the_micro_batch_that_fits(tmp_path):
+    """After an out-of-memory halving the held-out set is the same, in forwards of the smaller micro-batch."""
+    log, sizes = EngineLog(), []
+    real_call = FakeEngine.__call__
+
+    def recording(self, input_ids, **kwargs):
+        if not self.module.training:
+            sizes.append(input_ids.shape[0])
+        return real_call(self, input_ids, **kwargs)
+
+    with mock.patch.object(FakeEngine, "__call__", recording):
+        summary, _ = _run(tmp_path, log, FakeFaults(log, oom_at_step=1), max_steps=2, eval_batches=2)
+    assert sizes == [2, 2, 2, 2]  # two held-out batches of the ds_config's 4 rows, in forwards of 2
+    assert math.isfinite(summary["validation_loss"])

@@ -248,7 +248,9 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
     model = _model(settings, problems)
     layout_problems = ds_config_reader.problems(ds_config, world_size)
     problems += layout_problems
-    if isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1 and not layout_problems:
+    resuming = settings.output_dir is not None and _holds_a_checkpoint(settings.output_dir)
+    # a resume keeps its checkpoint's global batch, so the rows it splits are known only then (the trainer checks)
+    if isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1 and not layout_problems and not resuming:
         rows = ds_config_reader.read(ds_config).rows_per_rank_step
         if rows % micro:
             divisors = [d for d in range(1, rows + 1) if rows % d == 0]
@@ -270,6 +272,12 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
                         '{"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}}')
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _holds_a_checkpoint(output_dir: str) -> bool:
+    from .checkpoint import latest_tag  # the checkpoint layout's one reader
+
+    return isinstance(output_dir, str) and latest_tag(output_dir) is not None
 
 
 def _model(settings: RunSettings, problems: list[str]) -> AdaptiveDSConfig | None:

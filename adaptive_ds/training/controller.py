@@ -252,11 +252,14 @@ class Controller:
                      "data")
         return Verdict(Action.ROLL_BACK)
 
-    def rolled_back(self) -> None:
-        """The loop restored the weights: the loss history of the abandoned steps no longer applies."""
-        self.losses.clear()
-        self.nonfinite = 0
-        self.spiking = False
+    def rolled_back(self, saved: dict) -> None:
+        """The loop restored the weights of a checkpoint whose controller state was `saved`: what the abandoned steps
+        taught (their losses, validations and routing windows) no longer applies, so it is the checkpoint's again;
+        what the controller decided since (its knobs, the capacity it steers, its count of rollbacks) stays."""
+        decided = self.knobs, self.steered_capacity, self.rollbacks
+        self.load_state_dict(saved)
+        self.knobs, self.steered_capacity, self.rollbacks = decided
+        self.nonfinite, self.spiking = 0, False  # a checkpoint is only written from healthy weights
 
     # logging windows: routing
     def observe_window(self, report: WindowReport) -> Verdict:

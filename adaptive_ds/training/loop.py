@@ -3,8 +3,9 @@
     batch -> engine (forward, backward, step) -> step report -> controller verdict -> metrics, validation and
     checkpoint, each at its own cadence -> the controller's knobs applied in one place before the next step.
 
-Outputs in OUTPUT_DIR: metrics.jsonl (one record per logged step), summary.json, final/ (save_pretrained),
-checkpoints/ (DeepSpeed checkpoints; a run started again with the same command continues from the latest).
+Outputs in OUTPUT_DIR: metrics.jsonl (one record per step that logged its window or validated; a record without
+"loss" is a validation only), summary.json, final/ (save_pretrained), checkpoints/ (DeepSpeed checkpoints; a run
+started again with the same command continues from the latest).
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ class Trainer:
         tok = self.data.tokenizer
         self.config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
                                    pad_token_id=tok.pad_token_id, **settings.model)
+        # the held-out batches too, before the output directory: data without a held-out document is refused first
+        self.validation_batches = self.data.validation_batches(self.validation_micro_batch, settings.eval_batches)
         self.identity = checkpoint.run_identity(settings, self.world, layout.rows_per_rank_step, self.config)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
         if self.resume_tag:
@@ -173,6 +176,8 @@ class Trainer:
         self.window = RoutingWindow(self.config)
         self.pusher = HubPusher(settings.push_to_hub, hub_api) if settings.push_to_hub and is_writer else None
         self.data_steps = 0  # step batches read (a rollback skips data, so it can exceed the step)
+        self.last_loss = math.nan  # the latest step's loss, which its checkpoint records
+        self.stopped_early = False  # early stopping ended the run: a rerun of the command trains no more
         self._phase = "forward"  # where the step is, for the controller when it runs out of memory
         self.start_step = 0
         if is_writer:
@@ -186,16 +191,18 @@ class Trainer:
         saved = checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"]
         if saved["world_size"] == self.world:
             return
-        rows, micro = saved["rows_per_step"], ds_config["train_micro_batch_size_per_gpu"]
+        rows = saved["rows_per_step"]
+        micro = self.settings.micro_batch if isinstance(self.settings.micro_batch, int) else \
+            ds_config["train_micro_batch_size_per_gpu"]
         if rows != self.rows_per_step:
             if rows % (micro * self.world):
                 raise ConfigError(f"the checkpoint's global batch of {rows} rows does not split into micro-batches "
-                                  f"of {micro} on {self.world} processes; pick a micro-batch that divides "
+                                  f"of {micro} on {self.world} processes; pass a --micro_batch that divides "
                                   f"{rows // self.world}")
             accumulation = rows // (micro * self.world)
             logger.warning("resuming a %d-process run on %d: gradient accumulation %d keeps its global batch of %d "
                            "rows", saved["world_size"], self.world, accumulation, rows)
-            ds_config["gradient_accumulation_steps"] = accumulation
+            ds_config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation)
             ds_config.pop("train_batch_size", None)
             self.rows_per_step = rows
             self.identity = {**self.identity, "rows_per_step": rows}
@@ -220,7 +227,8 @@ class Trainer:
     # state
     def state_dict(self, step: int, loss: float) -> dict:
         return {"step": step, "data_steps": self.data_steps, "loss": loss, "identity": self.identity,
-                "controller": self.controller.state_dict()}
+                "controller": self.controller.state_dict(), "micro_batch": self.settings.micro_batch,
+                "stopped_early": self.stopped_early}
 
     def _resume(self, tag: str) -> None:
         """Continue from `tag`: engine, optimizer, schedule and RNG from DeepSpeed's files, the controller and data
@@ -230,13 +238,21 @@ class Trainer:
         self.start_step, self.data_steps = saved["step"], saved["data_steps"]
         self.data.load_state_dict(checkpoint.read_data_state(self.output_dir, self.resume_tag, self.rank))
         self.controller.load_state_dict(saved["controller"])
-        saved_micro = self.controller.knobs.micro_batch
-        if isinstance(self.settings.micro_batch, int) and self._micro_batch() != saved_micro:
+        self.last_loss = saved["loss"]
+        # The split of the step: the checkpoint's knobs (they may hold an out-of-memory halving), unless this command
+        # asks for another micro-batch than the one that wrote it; on another number of ranks, the rows per rank
+        # changed and the micro-batch that worked is kept where it divides them.
+        micro = self.settings.micro_batch
+        if isinstance(micro, int) and micro != saved.get("micro_batch"):
             logger.warning("micro_batch %d: the checkpoint trained with micro-batches of %d; the global batch stays",
-                           self._micro_batch(), saved_micro)
+                           self._micro_batch(), self.controller.knobs.micro_batch)
             self.controller.resplit(self.rows_per_rank, self._micro_batch())
-        elif saved["identity"]["world_size"] != self.world:  # the saved split was for the old number of ranks
+        elif saved["identity"]["world_size"] != self.world:
             self.controller.resplit(self.rows_per_rank)
+        if saved.get("stopped_early"):
+            self.stopped_early = True
+            logger.warning("the run stopped early at step %d (its validation loss stopped improving): it is finished; "
+                           "pass a new --output_dir to train again", self.start_step)
         self.metrics.rewind(self.start_step, f"resumed from the checkpoint at step {self.start_step}")
         logger.info("resumed from %s at step %d", self.resume_tag, self.start_step)
 
@@ -248,7 +264,7 @@ class Trainer:
         if tag is None:
             raise TrainingStopped(f"step {step} needs a rollback but there is no checkpoint yet; set save_steps")
         saved = checkpoint.restore(self.engine, self.output_dir, tag, self.identity)
-        self.controller.rolled_back()
+        self.controller.rolled_back(saved["controller"])
         self.checkpointer.pending = False  # a save postponed before the rollback is owed by steps now undone
         self.applied = None  # the load restored the scheduler's learning rates: apply the knobs again
         back = saved["step"]
@@ -349,13 +365,11 @@ class Trainer:
         if stats:
             logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",
                         stats.entropy_floor, stats.unigram_entropy)
-        with clock.phase("eval"):
-            validator = Validator(self.data.validation_batches(self.validation_micro_batch, settings.eval_batches),
-                                  settings.eval_steps, settings.max_steps, self.config.uses_mod)
+        validator = Validator(self.validation_batches, settings.eval_steps, settings.max_steps, self.config.uses_mod)
         last_step, train_loss = self._train_loop(validator)
         summary = {"train_loss": train_loss, "steps": last_step, "tokens_seen": last_step * self.tokens_per_step}
         with clock.phase("eval"):
-            summary.update(validator.result_at(self.engine, last_step))
+            summary.update(validator.result_at(self.engine, last_step, self.controller.knobs.micro_batch))
         with clock.phase("checkpoint"):
             if not self.controller.healthy:
                 logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
@@ -410,15 +424,17 @@ class Trainer:
         bar = tqdm(total=settings.max_steps, initial=self.start_step, disable=self.rank != 0, dynamic_ncols=True,
                    desc="train")
         window = LossWindow(clock)
-        step, train_loss = self.start_step, float("nan")
+        step, train_loss = self.start_step, self.last_loss  # a finished run resumed trains no step
+        first = step < settings.max_steps and not self.stopped_early
         with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
-            while step < settings.max_steps:
+            while step < settings.max_steps and not self.stopped_early:
                 step += 1
                 distributed.progress.step = step  # for the one line printed if a process is lost
                 self.apply(step)
                 self.hooks.before_step(self, step)
                 with clock.phase("data"):
-                    rows = next(batches)
+                    rows = _first_batch(batches) if first else next(batches)
+                first = False
                 verdict = Verdict(Action.RETRY_STEP)
                 while verdict.action is Action.RETRY_STEP:  # out of memory: the same rows, split anew
                     self.apply(step)
@@ -438,6 +454,7 @@ class Trainer:
                     train_loss = record["loss"]
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
                 if self._handle(verdict, step) is None:  # early stopping: the run ends here, saved as usual
+                    self.stopped_early = True
                     break
                 if self.checkpointer.due(step, settings.max_steps) and controller.healthy:
                     with clock.phase("checkpoint"):
@@ -452,7 +469,7 @@ class Trainer:
         record, verdict = {}, Verdict(Action.CONTINUE)
         if validator.should_run(step):
             with self.clock.phase("eval"):
-                record.update(validator.run(self.engine, step))
+                record.update(validator.run(self.engine, step, self.applied.micro_batch))
             verdict = self.controller.observe_validation(step, record["validation_loss"])
         if self.metrics.should_log(step, self.settings.max_steps) or verdict.action is Action.STOP:
             record.update(self._window_record(step, window))
@@ -510,6 +527,19 @@ class Trainer:
                      "active_parameters": counts.active, "steps": step,
                      "tokens_seen": step * self.tokens_per_step, "train_loss": loss}
             self.pusher.push_in_background(staging, model_card(facts, _command()), f"checkpoint at step {step}")
+
+
+def _first_batch(batches) -> dict:
+    """The run's first batch, agreed on by every rank: data that fails on one rank only (a streamed shard with no
+    record for it) stops every rank with its one line, rather than leaving the others to lose contact with it."""
+    try:
+        rows, problem = next(batches), None
+    except ConfigError as error:
+        rows, problem = None, str(error)
+    problems = [p for p in distributed.all_gather_object(problem) if p]
+    if problems:
+        raise ConfigError(problems[0])
+    return rows
 
 
 def _routing_of(out) -> SimpleNamespace:

@@ -23,12 +23,19 @@ class Evaluation(NamedTuple):
     routed_share: float | None  # MoD: the share of token-block passes that ran a routed block (None: no MoD)
 
 
+def _chunks(batch: dict, parts: int) -> list[dict]:
+    """`batch` split into `parts` micro-batches of rows (some empty when it has fewer rows)."""
+    return [dict(zip(batch, rows, strict=True)) for rows in zip(*(v.tensor_split(parts) for v in batch.values()),
+                                                               strict=True)]
+
+
 @torch.no_grad()
-def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> Evaluation:
+def evaluate(engine, batches: list[dict], mod_routing: str = "causal", micro_batch: int | None = None) -> Evaluation:
     """The LM loss per target token over all held-out sequences (the model in eval mode), the standard error of
     that ratio over sequences (the ratio estimator's: sqrt(sum_i (s_i - R n_i)^2 / (N (N - 1))) / mean(n), with
     s_i, n_i a sequence's summed loss and target count, R the loss, N sequences), and the share of tokens that
-    ran the MoD blocks.
+    ran the MoD blocks. `micro_batch`: the most rows a forward takes (the training's micro-batch, which fits);
+    every batch is split into as many forwards as the largest needs, on every rank alike.
 
     MoD blocks route with `mod_routing`: "causal" (router logit > 0, or the predictor; what generation does, the
     honest figure) or "topk" (the train-time rule, which sees the whole sequence). Causal routing holds no
@@ -41,26 +48,19 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> Evalua
     moments = torch.zeros(6, dtype=torch.float64, device=engine.device)
     routing = torch.zeros(2, dtype=torch.float64, device=engine.device)  # routed token-block passes, all passes
     rank, world = distributed.rank(), distributed.world_size()
+    largest = max((b["input_ids"].shape[0] for b in batches), default=1)
+    parts = -(-largest // (micro_batch or largest))
     for first in range(0, len(batches), world):
         # Every rank runs as many forwards as the others (expert-parallel layers exchange tokens in each one);
-        # a rank past the end repeats batch 0 and does not count it.
+        # a rank past the end repeats batch 0, and a chunk without rows runs its first row, neither counted.
         index = first + rank
-        source = batches[index] if index < len(batches) else batches[0]
-        batch = {k: v.to(engine.device, non_blocking=True) for k, v in source.items()}
-        out = engine(input_ids=batch["input_ids"])
-        logits = out.logits
-        if index >= len(batches):
-            continue
-        for block in out.mod_routing or ():
-            routing[0] += block.routed.sum()
-            routing[1] += block.routed.numel()
-        targets = batch["labels"][:, 1:]
-        token_loss = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), targets, ignore_index=-100,
-                                     reduction="none")  # (batch, seq - 1)
-        s = token_loss.double().sum(1)
-        n = (targets != -100).double().sum(1)
-        moments += torch.stack([s.sum(), n.sum(), (s * s).sum(), (s * n).sum(), (n * n).sum(),
-                                torch.tensor(float(len(s)), dtype=torch.float64, device=s.device)])
+        for chunk in _chunks(batches[index] if index < len(batches) else batches[0], parts):
+            counted = index < len(batches) and chunk["input_ids"].shape[0] > 0
+            source = chunk if counted else {k: v[:1] for k, v in batches[0].items()}
+            batch = {k: v.to(engine.device, non_blocking=True) for k, v in source.items()}
+            out = engine(input_ids=batch["input_ids"])
+            if counted:
+                _accumulate(out, batch, moments, routing)
     model.set_mod_routing("causal")
     engine.train()
     if distributed.world_size() > 1:
@@ -79,6 +79,20 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal") -> Evalua
     return Evaluation(loss, math.sqrt(residual / (count * (count - 1))) / (n / count), share)
 
 
+def _accumulate(out, batch: dict, moments: torch.Tensor, routing: torch.Tensor) -> None:
+    """Add one forward's sums to the running moments (s, n, s^2, s n, n^2, sequences) and routed counts."""
+    for block in out.mod_routing or ():
+        routing[0] += block.routed.sum()
+        routing[1] += block.routed.numel()
+    targets = batch["labels"][:, 1:]
+    token_loss = F.cross_entropy(out.logits[:, :-1].transpose(1, 2).float(), targets, ignore_index=-100,
+                                 reduction="none")  # (batch, seq - 1)
+    s = token_loss.double().sum(1)
+    n = (targets != -100).double().sum(1)
+    moments += torch.stack([s.sum(), n.sum(), (s * s).sum(), (s * n).sum(), (n * n).sum(),
+                            torch.tensor(float(len(s)), dtype=torch.float64, device=s.device)])
+
+
 class Validator:
     """Owns the held-out batches and the cadence: every `eval_steps` steps (0: none during the run) and at the
     run's last step. The loop asks `should_run(step)` after every step, whatever the logging cadence; the end of the
@@ -91,19 +105,20 @@ class Validator:
     def should_run(self, step: int) -> bool:
         return step == self.last_step or (bool(self.eval_steps) and step % self.eval_steps == 0)
 
-    def run(self, engine, step: int) -> dict:
-        causal = evaluate(engine, self.batches)
+    def run(self, engine, step: int, micro_batch: int | None = None) -> dict:
+        """The held-out losses of the weights at `step`, in forwards of at most `micro_batch` rows."""
+        causal = evaluate(engine, self.batches, micro_batch=micro_batch)
         losses = {"validation_loss": causal.loss, "validation_loss_se": causal.se}
         if self.uses_mod:
-            topk = evaluate(engine, self.batches, "topk")
+            topk = evaluate(engine, self.batches, "topk", micro_batch)
             losses.update(validation_loss_topk_routing=topk.loss, validation_loss_topk_routing_se=topk.se,
                           validation_causal_routed_share=causal.routed_share)
         self.latest = (step, losses)
         return losses
 
-    def result_at(self, engine, step: int) -> dict:
+    def result_at(self, engine, step: int, micro_batch: int | None = None) -> dict:
         """The validation of the weights at `step`, the run's last: the one the loop ran there, or a new one (a
         run that resumed at its last step trains no step)."""
         if self.latest is not None and self.latest[0] == step:
             return self.latest[1]
-        return self.run(engine, step)
+        return self.run(engine, step, micro_batch)
