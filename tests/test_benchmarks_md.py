@@ -1,7 +1,8 @@
 """Every figure of BENCHMARKS.md's generated sections comes from a file: each measured section is its JSON report
 under benchmarks/ rendered by the command that wrote it (a section without its report, or a number edited by
 hand, fails), each report's tokens/s agree with its own raw figures and stay under its hardware's peak for the
-FLOPs it counts, and the planner's sections are what the planner renders now."""
+FLOPs it counts, the planner's sections are what the planner renders now, and the prose between the sections states
+no figure that a section does not hold."""
 
 import json
 import math
@@ -12,6 +13,7 @@ import statistics
 import pytest
 from conftest import ROOT
 
+from adaptive_ds.acceptance import TARGETS
 from adaptive_ds.benchmark import CASES
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.flops import training_flops_per_token
@@ -159,3 +161,71 @@ def test_projections_are_labelled_and_stay_under_the_gpu_peak():
             limit = int(gpus) * DEVICES[gpu].peak_tflops * 1e12 / flops
             number = [float(re.sub(r"[^0-9.]", "", row[i])) for i in (projected, bound)]
             assert number[0] <= number[1] <= limit * 1.001 and not math.isnan(number[0]), (preset, row[0], gpu)
+
+
+# The prose (BENCHMARKS.md outside the generated sections, their markers, inline code and fenced code) states no
+# figure of its own: each one it states appears, as written, in a generated section, so regenerating a section cannot
+# leave the prose holding an old figure, and no figure is worked out by hand (a ratio, a difference, a rounding).
+# A figure is a number written as a measurement: with a decimal point or an exponent (1.8656, 7.12e+12, 1.1B), with
+# thousands separators (14,358), as a percentage (87.5%), a ratio (1.07x, 6x) or a dollar amount ($0.09), or followed
+# by a unit of time, memory or rate (38.5 training seconds, 40 h, 15 GiB, 100 tokens/s). Any other plain integer is
+# a count or a setting named by the runs' commands, not a figure: 3 seeds, 2 cores, 8 experts, 489 optimizer steps,
+# 500k tokens. The GPU targets' thresholds (12 GiB, 1.3x) are requirements, allowed as `TARGETS` states them (the
+# targets table is TARGETS' names: tests/test_acceptance.py).
+NUMBER = re.compile(
+    r"(?<![\w.$])(?P<dollar>\$)?(?P<number>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*(?:e[+-]?\d+)?[kMBT]?)"
+    r"(?![\w.,]\d)(?P<unit>%|x\b|\s?(?:GiB|GB|MB|s|ms|seconds?|training seconds|minutes?|hours?|h|days?|"
+    r"tokens/s|TFLOP/s)(?![\w/]))?")
+
+
+def _figures(text: str) -> set[str]:
+    """The figures `text` states, each as its digits are written (sign, unit and magnitude words aside)."""
+    found = set()
+    for match in NUMBER.finditer(text):
+        number = match.group("number")
+        if match.group("dollar") or match.group("unit") or re.search(r"[.,e]", number):
+            found.add(number)
+    return found
+
+
+def _prose(text: str) -> str:
+    """`text` with its generated sections, fenced code and inline code blanked (their line breaks kept, so every
+    line keeps its number)."""
+    def blank(match: re.Match) -> str:
+        return "\n" * match.group(0).count("\n")
+
+    text = re.sub(r"^<!-- ([\w:.-]+) -->\n.*?\n<!-- /\1 -->$", blank, text, flags=re.S | re.M)
+    text = re.sub(r"^```.*?^```", blank, text, flags=re.S | re.M)
+    return re.sub(r"`[^`]*`", blank, text)  # an inline code span may run over a line break
+
+
+def _unbacked(text: str) -> list[str]:
+    sections = dict(re.findall(r"^<!-- ([\w:.-]+) -->\n(.*?)\n<!-- /\1 -->$", text, flags=re.S | re.M))
+    # every number a section or a target shows, figure or not (a table cell's "833" under a tokens/s header)
+    held = {m.group("number") for text in [*sections.values(), *(t.name for t in TARGETS)]
+            for m in NUMBER.finditer(text)}
+    return [f"line {number}: {figure}" for number, line in enumerate(_prose(text).splitlines(), start=1)
+            for figure in sorted(_figures(line) - held)]
+
+
+def test_the_prose_states_only_figures_the_sections_hold():
+    assert _unbacked(BENCHMARKS) == [], "state these as a section holds them, or cite the section's row instead"
+
+
+@pytest.mark.parametrize(("prose", "figures"), [
+    ("tokens/s 14,358 against 13,214", {"14,358", "13,214"}), ("1.07x, 6x the parameters", {"1.07", "6"}),
+    ("0.097 ± 0.034 nats", {"0.097", "0.034"}), ("ends 44% lower", {"44"}), ("7.12e12 FLOPs", {"7.12e12"}),
+    ("an independent 1.10B Llama", {"1.10B"}), ("$0.09/hour", {"0.09"}), ("39 s, 40 h, 15 GiB", {"39", "40", "15"}),
+    ("3 seeds on 2 cores, 8 experts, 489 optimizer steps, 500k tokens at 2M", set()),
+    ("b1 on an H200, top-2 of x86_64, ZeRO-3, fp16, 8 x 2048 tokens, embedded:hard", set()),
+])
+def test_what_counts_as_a_figure(prose, figures):
+    assert _figures(prose) == figures
+
+
+def test_a_figure_the_sections_do_not_hold_is_named_with_its_line():
+    key = "throughput:debug:cpu"
+    section = f"<!-- {key} -->\n{SECTIONS[key]}\n<!-- /{key} -->"
+    prose = "Dense is 1.07x transformers' Llama, and 1.11x its eager speed."
+    text = f"# T\n\n{section}\n\n{prose}\n"
+    assert _unbacked(text) == [f"line {text.splitlines().index(prose) + 1}: 1.11"]

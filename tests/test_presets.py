@@ -91,7 +91,7 @@ def test_each_block_has_the_parameters_of_the_built_layer(arch):
 
 
 def test_b1_dense_is_the_1_1b_llama():
-    # The anchors' 1.10B Llama: hidden 2048, 22 layers, 4 KV heads, ffn 5632, vocab 32000, untied.
+    # An external reference (an independent 1.1B Llama): hidden 2048, 22 layers, 4 KV heads, ffn 5632, vocab 32000.
     assert parameter_counts(model_config("b1", "dense", 32000)).total == 1_100_048_384
 
 

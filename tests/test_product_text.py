@@ -30,6 +30,10 @@ DEVELOPMENT = re.compile("|".join([
     r"\bwheels\.sh\b", r"\.whl/", r"\boffline wheels?\b", r"\bdevice tool\b",  # installing on the borrowed machine
     r"\bthis project's [\w-]+ machines?\b",  # the machines it was developed on
     r"\bpreamble\.md\b", r"\bnotes/task",
+    # the reference runs the project was checked against, by their development name (in the product: "an external
+    # reference"); not a regex's anchors or an HTML anchor
+    r"\banchor(?:'s|s')", r"\bthe anchors\b",
+    r"\banchors? (?:models?|runs?|scripts?|figures?|measurements?|llamas?|machines?|references?)\b",
 ]), flags=re.I)
 # Test docstrings also say what holds, not how the test came to be written.
 TEST_HISTORY = re.compile(r"\bbefore (?:the|this) fix\b|\bafter (?:the|this) fix\b|\breviewers?\b|\bthe task\b", re.I)
@@ -110,6 +114,9 @@ def test_the_path_pattern(text, found):
     ("../shared/gpu/wheels.sh", True), ("the brief fixes moe", True), ("test_table_matches_the_issue", True),
     ("on this project's CPU machines", True), ("torchrun's agent sends SIGTERM", False),
     ("a ticketing system", False), ("shared memory", False), ("every issue is collected", False),
+    ("the anchor's 1.10B Llama", True), ("The anchors' 1.10B Llama", True), ("checked on the anchor model", True),
+    ("as the anchors write them", True), ("the regex anchors ^ and $", False), ("fullmatch anchors the pattern", False),
+    ("an HTML anchor link", False), ("anchored at the first token", False),
 ])
 def test_the_development_pattern(text, found):
     assert bool(DEVELOPMENT.search(text)) == found
