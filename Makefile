@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
-# DeepSpeed JIT-builds a few ops on first use (~70 s); keep them with this checkout's virtualenv, so that two
+# DeepSpeed JIT-builds a few ops on first use; keep them with this checkout's virtualenv, so that two
 # checkouts (or two virtualenvs) never rebuild over each other's cache.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 

@@ -2,19 +2,22 @@
 
     python -m adaptive_ds.acceptance [--out F] [--benchmarks_md BENCHMARKS.md] [--stages ...] [--micro_batch N]
 
-On a CUDA machine (sized for one H200: about 8 minutes, DeepSpeed's op builds included), in this order:
+On a CUDA machine (sized for one H200, each stage within its limit in `TIMEOUT_S`, DeepSpeed's op builds
+included), in this order:
 
 - gpu_tests: `pytest -m gpu tests/test_gpu.py`: the grouped GEMM against the per-expert path in bf16, fp16 under
   DeepSpeed's loss scaler, bf16, a real CUDA out-of-memory under --gpu_memory_gib recovered in place, NCCL with one
   process, ZeRO-2 with DeepSpeed's CPU Adam.
 - b1_t4: the training command on `ds_configs/b1_t4.json` for 30 steps under `--gpu_memory_gib 15` (a T4's memory),
-  on the embedded corpus, with gradient accumulation 1 (the config's 64 would make 30 steps take ~15 minutes; the
-  peak is the micro-batch's, whatever the accumulation): peak allocated and reserved beside the planner's peak.
+  on the embedded corpus, with gradient accumulation 1 (the config's 64 would make every step 64 micro-batches long
+  for the same figure: the peak is the micro-batch's, whatever the accumulation): peak allocated and reserved
+  beside the planner's peak.
 - benchmark: `adaptive_ds.benchmark` at debug_200m in bf16, every case interleaved in one process.
 - b7: b7 dense for three optimizer steps on the one GPU, with ZeRO-2 and the optimizer offloaded to CPU as
-  `ds_configs/b7_a100_40gb_offload.json` says (the planner: ~104 GiB of optimizer states do not fit beside the
-  weights on the GPU), on random tokens through the DeepSpeed engine. Not through the training command: its end
-  checkpoint (~110 GB of optimizer states) would not fit the machine's disk.
+  `ds_configs/b7_a100_40gb_offload.json` says (the planner: its optimizer states do not fit beside the weights on
+  the GPU; their host memory is b7's CPU RAM in BENCHMARKS.md, `plan:projections`), on random tokens through the
+  DeepSpeed engine. Not through the training command: its end checkpoint would write every optimizer state of b7
+  to disk, which the stage has no use for.
 
 Each stage runs in its own process, so an out-of-memory or a crash in one does not lose the others' figures. A
 stage passes when it runs to completion; the run passes when every stage does and every target of `TARGETS` (the
@@ -63,7 +66,8 @@ logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 STAGES = ("gpu_tests", "b1_t4", "benchmark", "b7")
-# Wall-clock limits per stage on the GPU machine (guards: the whole run is sized to ~8 minutes) and in a dry run.
+# Wall-clock limits per stage on the GPU machine (guards: a hung stage ends and the others still run) and in a dry
+# run.
 TIMEOUT_S = {"gpu_tests": 300, "b1_t4": 180, "benchmark": 360, "b7": 300}
 DRY_TIMEOUT_S = 300  # generous: killing a stage while it builds a DeepSpeed op leaves a stale build lock
 DRY_RUN_CASES = ["dense", "dense_compile", "moe", "mod"]
@@ -112,7 +116,7 @@ MET, MISSED, FIGURE_MISSING = "met", "missed", "not measured (figure missing)"
 
 def _ds_config(name: str, dry: bool, micro_batch: int | None = None) -> dict:
     """A ds_config from ds_configs/ with gradient accumulation 1. Dry run: no fp16/bf16 and no optimizer offload
-    (DeepSpeed's fp16 needs CUDA; its CPU Adam is a ~80 s build), torch's AdamW."""
+    (DeepSpeed's fp16 needs CUDA; its CPU Adam is a C++ build a dry run has no use for), torch's AdamW."""
     from .ds_config import load  # the same ds_config reader as training
 
     config = load(str(ROOT / "ds_configs" / name))
@@ -169,7 +173,7 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
               "predicted_peak_gib": plan.peak_gib, "steps": summary["steps"],
               "training_tokens_per_s": summary.get("training_tokens_per_s"), "train_loss": summary["train_loss"],
               "validation_loss": summary["validation_loss"], "gpu_memory_cap_gib": B1_T4_CAP_GIB}
-    shutil.rmtree(out)  # the end checkpoint holds ~20 GB of optimizer states
+    shutil.rmtree(out)  # the end checkpoint holds every optimizer state of b1: disk the report does not need
     result["ok"] = summary["steps"] == steps
     return result
 
@@ -213,7 +217,7 @@ def stage_b7(dry: bool, workdir: Path) -> dict:
                 f"~{predicted.cpu_states_gib:.0f} GiB of host memory, {host_gib:.0f} GiB available"}
     distributed.init_distributed()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):  # built where it trains: a 7B model's fp32 init on the CPU takes minutes
+    with torch.device(device):  # built where it trains: a 7B model's fp32 init on the CPU is slow
         model = AdaptiveDSForCausalLM(model_config(preset, "dense", vocab))
     model.model.gradient_checkpointing = True
     engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=config)

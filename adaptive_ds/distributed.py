@@ -92,8 +92,8 @@ def use_this_environments_ninja() -> None:
 
     DeepSpeed JIT-builds its ops (the shared-memory collectives, here at `init_distributed`) with the first ninja on
     PATH, and a system ninja records a build differently from pip's: processes of one project that find different
-    ones (a shell with the virtualenv activated, one without, a launcher's children) rebuild the op each time
-    (~45 s on 2 cores, measured). Every process of ours takes the environment's own.
+    ones (a shell with the virtualenv activated, one without, a launcher's children) rebuild the op each time, a
+    compile at every start. Every process of ours takes the environment's own.
     """
     bin_dir = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", "").split(os.pathsep)

@@ -320,7 +320,7 @@ def test_fine_grained_shared_bias_run_trains_checkpoints_and_resumes_with_its_bi
     final = AutoModelForCausalLM.from_pretrained(out / "final")
     tally = torch.stack([layer.mlp.routing_bias_steps for layer in final.model.layers])
     assert tally.abs().sum() > 0 and final.config.moe_shared_experts == 1
-    # three steps take the held-out loss ~0.45 below the same model's before training (~4.85, about ln 128)
+    # three steps take the held-out loss well below the same model's before training (about ln 128, a uniform guess)
     assert first.untrained_loss > 4.6 and summary["validation_loss"] < first.untrained_loss - 0.3
 
     summary, resumed = run(4)

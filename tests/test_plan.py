@@ -30,11 +30,11 @@ def test_predicted_peaks_are_within_20_percent_of_every_stored_measurement():
 @pytest.mark.slow
 def test_a_peak_measured_now_is_at_most_35_percent_above_the_prediction():
     """Two training steps of the debug preset (vocabulary 32,000, micro-batch 4, fp32, ZeRO-1) through DeepSpeed, dense
-    and mod, each in a fresh process (a clean peak RSS), against the planner's CPU-process prediction (measured
-    2026-12-01: 24% above it, both). The planner counts the model's states and activations, so a process holds at
-    least that; beyond it the runtime's own memory (autograd, DeepSpeed's buffers, the allocator: 0.08-0.15 GiB
-    measured) and, in fp32, one logits-sized buffer more in the loss's backward than the planner's count, together
-    35% at most of this small a peak. At debug_200m the stored rows above are within 12%."""
+    and mod, each in a fresh process (a clean peak RSS), against the planner's CPU-process prediction. The planner
+    counts the model's states and activations, so a process holds at least that; beyond it the runtime's own memory
+    (autograd, DeepSpeed's buffers, the allocator) and, in fp32, one logits-sized buffer more in the loss's backward
+    than the planner's count, which weigh more in this small a peak than in debug_200m's (the stored rows above,
+    BENCHMARKS.md `plan:validation`): hence a wider bound than theirs."""
     code = ("import json, sys; from adaptive_ds.benchmark import measure_peak_memory; "
             "print(json.dumps(measure_peak_memory('debug', sys.argv[1], 4, False, vocab_size=32000)))")
     runs = {case: subprocess.Popen([sys.executable, "-c", code, case], cwd=ROOT, stdout=subprocess.PIPE,

@@ -33,8 +33,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
     The field defaults are what a config without the field has always meant, not what each architecture ships
     with: ``mod_capacity`` 0.5 and ``mod_layer_interval`` 1 (every block) stay, so a config built directly and a
     saved config.json or checkpoint identity that lacks these fields (``from_dict``) keep meaning the model they
-    described. The settings an architecture ships with (``mod``: 12.5% capacity in every other block, as measured
-    best) are ``adaptive_ds.presets.ARCH_DEFAULTS``, which ``model_config`` applies under explicit overrides.
+    described. The settings an architecture ships with (``mod``: 12.5% capacity in every other block, measured best
+    in BENCHMARKS.md) are ``adaptive_ds.presets.ARCH_DEFAULTS``, which ``model_config`` applies under explicit
+    overrides.
     """
 
     model_type = "adaptive_ds"
@@ -88,8 +89,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
     mod_layer_interval: int = 1
     # How inference routes causally (mod.py): "router" (the router's own logit > 0, trained toward top-k
     # membership by a BCE loss on those logits) or "predictor" (a separate MLP on the detached block input).
-    # Measured (debug preset, 300k tokens, seed 1234), causal over top-k validation loss: mod -2.1% with the
-    # router, +2.6% with the predictor; hybrid -1.7% and +22.6%.
+    # Causal-routing against top-k-routing validation loss for both: BENCHMARKS.md, section grid:debug:embedded-hard
+    # (mod and mod:predictor).
     mod_causal_routing: str = "router"
     mod_predictor_hidden_size: int = 64  # the predictor's MLP width (mod_causal_routing "predictor")
     mod_predictor_loss_coef: float = 1.0  # weight of the causal-routing BCE loss (router's or predictor's)

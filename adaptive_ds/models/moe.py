@@ -166,8 +166,8 @@ class _AllToAll(torch.autograd.Function):
 def use_grouped_mm(x: torch.Tensor, mode: str) -> bool:
     """Whether to run the experts as one `torch._grouped_mm` per projection.
 
-    "auto": on Hopper-class GPUs (compute capability 9.0+) in bfloat16, where it is the fast path; on CPU a
-    matmul per expert is as fast (measured on the debug preset) and needs no stacked weights.
+    "auto": on Hopper-class GPUs (compute capability 9.0+) in bfloat16, where it is the fast path; elsewhere a
+    matmul per expert, which needs no stacked weights.
     "always": wherever torch runs it (also float32 on CPU, which the tests use to check the GPU path's math).
     "never": a matmul per expert.
     """

@@ -3,8 +3,8 @@ refuses an allocation once the bytes it has handed out and not yet had back woul
 torch's own `OutOfMemoryError`, raised where the tensor is allocated, in the middle of the forward or backward.
 
 Unlike an address-space limit (RLIMIT_AS), it leaves the BLAS libraries' private buffers and the process's
-other memory alone, so only tensor allocations fail. Built once with torch's JIT extension builder (about 35 s;
-cached in TORCH_EXTENSIONS_DIR).
+other memory alone, so only tensor allocations fail. Built once with torch's JIT extension builder (cached in
+TORCH_EXTENSIONS_DIR).
 """
 
 from __future__ import annotations
