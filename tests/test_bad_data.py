@@ -269,3 +269,21 @@ def test_a_stream_without_a_held_out_document_is_refused_not_validated_as_nan(tm
     assert refused(tmp_path, capfd, source, max_steps=1) == (
         f"error: data {source!r} holds no document held out for validation (--validation_share 0.01 of {len(docs)} "
         "usable records); pass a larger --validation_share or more documents")
+
+
+@pytest.mark.slow
+def test_data_that_fails_on_one_rank_stops_every_rank_with_its_line(tmp_path):
+    """Two processes stream one file, each keeping every other record: the odd ones are all unreadable, so rank 1
+    has no training block while rank 0 has. Both end with rank 1's line, not rank 0 with a lost contact."""
+    lines = []
+    for doc in DOCS[:60]:
+        lines += [json.dumps({"text": doc}) + "\n", "{not json\n"]
+    source = _write(tmp_path / "corpus.jsonl", "".join(lines))
+    config = write_ds_config(tmp_path, data=source, tokenizer="bpe:300", validation_share=0.2, max_steps=2)
+    done = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config", config,
+                        "--output_dir", str(tmp_path / "run")], timeout=300)
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if line.startswith("error: ")]  # each rank's one line
+    # every rank that got to say anything says rank 1's problem (the launcher may stop the other first)
+    assert ours and all(line.startswith(f"error: data {source!r} gave rank 1 of 2 no training block in a whole "
+                                        "epoch") for line in ours), done.stderr[-3000:]
