@@ -22,6 +22,7 @@ Every rank must see the checkpoint directory (shared storage), as `latest` alrea
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from deepspeed.checkpoint.constants import (
 )
 
 from .. import distributed
-from ..data import tokenizer_identity
+from ..data import EMBEDDED, tokenizer_identity
 from ..models import AdaptiveDSConfig
 from . import consolidate, universal
 
@@ -416,20 +417,39 @@ def read_data_state(output_dir: str, tag: str, rank: int) -> dict | None:
 LAYOUT_KEYS = ("world_size", "model.moe_ep_size")
 
 
+@functools.cache
+def _warn_once(message: str) -> None:
+    """One warning per process for `message` (a checkpoint is checked at start-up and again when it is loaded)."""
+    if distributed.rank() == 0:
+        logger.warning(message)
+
+
 def check_compatible(saved: dict, current: dict, where: str, allowed: tuple[str, ...] = ()) -> None:
     """The checkpoint must come from the same model and batch layout as this run, except for the `allowed`
-    keys (`key` or `key.subkey`)."""
-    differences = []
+    keys (`key` or `key.subkey`).
+
+    Prepared data's tokenizer is recorded by its hash (`tokenizer_identity`, "sha256:..."); an identity written
+    before that holds the --tokenizer string instead, which prepared data ignores. Such an identity (on the same
+    `data`, checked as any other key) is taken with one warning: which tokenizer it trained on cannot be checked."""
+    differences, unchecked = [], None
     for key, value in current.items():
         old = saved.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
             differences += [f"{key}.{k} {old.get(k)!r} (this run: {v!r})" for k, v in value.items()
                             if old.get(k) != v and k != "transformers_version" and f"{key}.{k}" not in allowed]
+        elif (key == "tokenizer" and isinstance(old, str) and isinstance(value, str) and value.startswith("sha256:")
+              and not old.startswith("sha256:") and old != EMBEDDED):
+            what = f"checkpoint {where!r}" if where else "the run identity in the output directory"
+            unchecked = (f"{what} records the tokenizer as --tokenizer {old!r}, as identities did before they "
+                         "recorded prepared data's tokenizer by its hash: taken as this run's prepared tokenizer, "
+                         "not checked")
         elif old != value and key not in allowed:
             differences.append(f"{key} {old!r} (this run: {value!r})")
     if differences:
         raise CheckpointError(f"checkpoint {where!r} does not match this run: {'; '.join(differences)}; "
                               "use a new --output_dir or the original settings")
+    if unchecked:
+        _warn_once(unchecked)
 
 
 def changes_layout(saved: dict, current: dict) -> bool:
