@@ -49,7 +49,7 @@ from .export import load_any, to_llama, to_mixtral
 from .flops import training_flops_per_token
 from .hardware import DEVICES, detect_device
 from .models import AdaptiveDSForCausalLM
-from .presets import MODEL_VARIANTS, PRESETS, model_config
+from .presets import PRESETS, VARIANTS, model_config
 from .report import check_markdown_path, commit, machine, replace_section, write_report
 from .training.optim import parameter_groups
 
@@ -71,13 +71,13 @@ CASES = {
     "moe_deepspeed": CaseSpec("moe with DeepSpeed's stock dispatch, same model and routing",
                               {"arch": "moe", "moe_dispatch": "deepspeed"}),
     "hf_mixtral": CaseSpec("transformers MixtralForCausalLM, same weights, dropless top-2", {"arch": "moe"}),
-    # Capacity 0.5 in every block, explicitly (mod ships with the paper's setting, `mod_paper`), and the hybrid's MoE
-    # blocks top-2 like the `moe` case's (it ships top-1; every case here runs dropless): what the GPU targets
-    # "mod (capacity 0.5) >= 1.6x dense" and "hybrid >= 1.4x moe" are stated for.
-    "mod": CaseSpec("mod (capacity 0.5, every block)", {"arch": "mod", **MODEL_VARIANTS["mod_half"]}),
+    # Capacity 0.5 in every block, explicitly (mod ships with the paper's setting, the variant `mod:paper`), and the
+    # hybrid's MoE blocks top-2 like the `moe` case's (it ships top-1; every case here runs dropless): what the GPU
+    # targets "mod (capacity 0.5) >= 1.6x dense" and "hybrid >= 1.4x moe" are stated for.
+    "mod": CaseSpec("mod (capacity 0.5, every block)", {"arch": "mod", **VARIANTS["mod:half"].model}),
     "hybrid": CaseSpec("hybrid (MoD 0.5 in every block, around top-2 MoE)",
-                       {"arch": "hybrid", **MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2}),
-    "mod_paper": CaseSpec("mod (capacity 0.125, every other block)", {"arch": "mod", **MODEL_VARIANTS["mod_paper"]}),
+                       {"arch": "hybrid", **VARIANTS["mod:half"].model, "num_experts_per_tok": 2}),
+    "mod_paper": CaseSpec("mod (capacity 0.125, every other block)", {"arch": "mod", **VARIANTS["mod:paper"].model}),
 }
 # our models: generate() needs no conversion, and --memory measures them beside the planner
 GENERATION_CASES = ("dense", "moe", "mod", "mod_paper", "hybrid")

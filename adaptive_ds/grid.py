@@ -5,13 +5,13 @@
     python -m adaptive_ds.grid --preset debug_200m --ds_config ds_configs/debug_200m_t4.json   (on a GPU)
 
 A variant is an architecture plus overrides of its model config (and of the controller's settings): a name of
-`VARIANTS`, or such a name followed by ``+`` and a JSON object of AdaptiveDSConfig fields (a ``"controller"`` key
-inside it holds ControllerSettings fields). Each variant x seed is a separate training run of the full harness
-(`python -m adaptive_ds.training`, the DeepSpeed engine, the given ds_config and --data), one after another on
-the same machine, each in its own process so that its peak memory and time breakdown are its own. A run's
-directory under --runs is named after its exact settings, so the same command continues an interrupted grid: a
-run whose summary.json exists is kept, not retrained; a failed run is reported with the end of its log, the
-others go on, and the next invocation retries it.
+`adaptive_ds.presets.VARIANTS` (`python -m adaptive_ds.presets` lists them), or such a name followed by ``+`` and a
+JSON object of AdaptiveDSConfig fields (a ``"controller"`` key inside it holds ControllerSettings fields). Each
+variant x seed is a separate training run of the full harness (`python -m adaptive_ds.training`, the DeepSpeed
+engine, the given ds_config and --data), one after another on the same machine, each in its own process so that its
+peak memory and time breakdown are its own. A run's directory under --runs is named after its exact settings, so the
+same command continues an interrupted grid: a run whose summary.json exists is kept, not retrained; a failed run is
+reported with the end of its log, the others go on, and the next invocation retries it.
 
 From each run's summary.json and metrics.jsonl the grid reports, per variant, the mean and the standard deviation
 across seeds (`spread`) of:
@@ -63,56 +63,12 @@ from .flops import training_flops_per_token
 from .grid_tables import BUDGETS, PHASES, RUN_KEYS, aggregate, compare, markdown, plot
 from .hardware import DEVICES, detect_device
 from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
-from .presets import ARCH_DEFAULTS, MODEL_VARIANTS, PRESETS
+from .presets import PRESETS, VARIANTS, variant_overrides
 from .report import check_markdown_path, check_name, commit, machine, replace_section, section_stem, write_report
 
 logger = logging.getLogger(__name__)
 
 PROVENANCE = "grid_provenance.json"  # written into a run's directory when it finishes
-# The hybrid's MoE routing before its top-1 dropless default, named by the variants that trained it.
-_TOP2_CAPACITY = {"num_experts_per_tok": 2, "moe_drop_tokens": True}
-
-# Named variants: an architecture, overrides of AdaptiveDSConfig ("model") and of ControllerSettings
-# ("controller"). The training run checks every field, so an entry is one line here.
-VARIANTS: dict[str, dict] = {
-    **{arch: {"arch": arch} for arch in ARCHITECTURES},
-    "moe:dropless": {"arch": "moe", "model": {"moe_drop_tokens": False}},
-    # top-1 routing (Switch Transformer): the active FLOPs of dense's MLP, so equal tokens is (almost) equal FLOPs
-    "moe:top1": {"arch": "moe", "model": {"num_experts_per_tok": 1}},
-    # fine-grained at dense's active FLOPs: 32 experts of a quarter width, top-4
-    "moe:fine1": {"arch": "moe", "model": {"moe_expert_granularity": 4, "num_experts_per_tok": 1}},
-    "moe:fine1-dropless": {"arch": "moe", "model": {"moe_expert_granularity": 4, "num_experts_per_tok": 1,
-                                                   "moe_drop_tokens": False}},
-    # no balancing loss, and no controller raising its coefficient back
-    "moe:noaux": {"arch": "moe", "model": {"router_aux_loss_coef": 0.0}, "controller": {"moe_balance": False}},
-    # The hybrid variants below name every field its defaults have moved through (MoD capacity and interval, top-k,
-    # drop policy), so each still trains what it trained in the BENCHMARKS.md grid that named it.
-    # capacity 0.5 in every block around top-2 dropless MoE (the first grid)
-    "hybrid:dropless": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], **_TOP2_CAPACITY,
-                                                    "moe_drop_tokens": False}},
-    # the hybrid's MoE blocks at top-1 with capacity-limited routing (its default is top-1 dropless)
-    "hybrid:top1": {"arch": "hybrid", "model": {"num_experts_per_tok": 1, "moe_drop_tokens": True}},
-    # auxiliary-loss-free balancing by a routing bias (DeepSeek-V3, arXiv 2412.19437)
-    "moe:bias": {"arch": "moe", "model": {"moe_balancing": "bias"}},
-    # fine-grained experts: 4x as many, a quarter as wide, top-8 (DeepSeekMoE, arXiv 2401.06066): same active FLOPs
-    "moe:fine": {"arch": "moe", "model": {"moe_expert_granularity": 4}},
-    # DeepSeekMoE's recipe: fine-grained, one shared expert of the routed experts' width, bias balancing, dropless
-    "moe:deepseek": {"arch": "moe", "model": {"moe_expert_granularity": 4, "moe_shared_experts": 1,
-                                             "moe_balancing": "bias", "moe_drop_tokens": False}},
-    # Raposo et al. (arXiv 2404.02258), their best setting: 12.5% capacity on every other block. The same as `mod`
-    # since that became mod's default; kept for the grids that name it (BENCHMARKS.md).
-    "mod:paper": {"arch": "mod", "model": MODEL_VARIANTS["mod_paper"]},
-    # capacity 0.5 in every block: mod's default before the grid measured the paper's setting better
-    "mod:half": {"arch": "mod", "model": MODEL_VARIANTS["mod_half"]},
-    # causal routing by the detached predictor MLP (the default before router-logit routing)
-    "mod:predictor": {"arch": "mod", "model": {"mod_causal_routing": "predictor"}},
-    "hybrid:predictor": {"arch": "hybrid", "model": {"mod_causal_routing": "predictor"}},
-    # the MoD routing of `mod` (the paper's setting) around top-2 capacity-limited MoE blocks: the hybrid's default
-    # before top-1 dropless
-    "hybrid:paper": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_paper"], **_TOP2_CAPACITY}},
-    # capacity 0.5 in every block around top-2 capacity-limited MoE: hybrid's first default
-    "hybrid:half": {"arch": "hybrid", "model": {**MODEL_VARIANTS["mod_half"], **_TOP2_CAPACITY}},
-}
 
 
 class GridError(RuntimeError):
@@ -129,15 +85,15 @@ class Variant:
 
 
 def parse_variant(text: str) -> Variant:
-    """`NAME` of VARIANTS, or `NAME+{JSON}`: the named variant with more model overrides (and "controller"
+    """`NAME` of presets.VARIANTS, or `NAME+{JSON}`: the named variant with more model overrides (and "controller"
     settings, and "tokens": its own token budget, e.g. `dense+{"tokens": 278000}` trains dense on the training
     FLOPs a cheaper variant spends on the grid's budget: an iso-FLOP baseline with a complete schedule)."""
     base, plus, extra = text.partition("+")
     if base not in VARIANTS:
         raise ValueError(f"unknown variant {text!r}; valid: {', '.join(VARIANTS)}, or one of them followed by "
                          "+{JSON object of model overrides}, e.g. 'moe+{\"moe_drop_tokens\": false}'")
-    entry = VARIANTS[base]
-    model, controller = dict(entry.get("model", {})), dict(entry.get("controller", {}))
+    entry = variant_overrides(base)  # what the training run's command line passes over the architecture's defaults
+    model, controller = entry.model, entry.controller
     if plus:
         try:
             overrides = json.loads(extra)
@@ -151,8 +107,8 @@ def parse_variant(text: str) -> Variant:
         if tokens is not None and (not isinstance(tokens, int) or tokens < 1):
             raise ValueError(f"variant {text!r}: 'tokens' must be a positive integer, got {tokens!r}")
         model.update(overrides)
-        return Variant(text, entry["arch"], model, controller, tokens)
-    return Variant(text, entry["arch"], model, controller)
+        return Variant(text, entry.arch, model, controller, tokens)
+    return Variant(text, entry.arch, model, controller)
 
 
 @dataclass(frozen=True)
@@ -201,10 +157,11 @@ class GridSpec:
     def run_dir(self, runs_dir: str, variant: Variant, seed: int) -> str:
         """Named after everything that makes the run (its command line, the ds_config's text and the shipped
         settings of its architecture that its overrides leave standing), so that a grid re-run keeps exactly the
-        runs it would train again and no others: a change of `ARCH_DEFAULTS` trains anew what it changes."""
+        runs it would train again and no others: a change of an architecture's entry in presets.VARIANTS trains anew
+        what it changes."""
         with open(self.ds_config, "rb") as f:
             key = json.dumps(self.training_args(variant, seed)).encode() + f.read()
-        defaults = {k: v for k, v in ARCH_DEFAULTS.get(variant.arch, {}).items() if k not in variant.model}
+        defaults = {k: v for k, v in VARIANTS[variant.arch].model.items() if k not in variant.model}
         if defaults:  # absent, the key is what it was before the defaults existed: those runs are still kept
             key += json.dumps(defaults, sort_keys=True).encode()
         slug = re.sub(r"[^a-z0-9]+", "-", variant.name.lower()).strip("-")[:40]

@@ -1,13 +1,14 @@
-"""The one table of model sizes, and the true parameter counts of every preset x architecture.
+"""The one table of model sizes, the one table of variants (what each architecture ships with, and its named
+options), and the true parameter counts of every preset x architecture.
 
-Run `python -m adaptive_ds.presets [--vocab_size N]` to print the counts.
+Run `python -m adaptive_ds.presets [--vocab_size N]` to print the counts and the variants.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
 
@@ -33,29 +34,96 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# Named settings of the model config, passed as overrides of a preset: `--variant mod_paper` (or its fields as
-# `--model '{...}'`) on the command line, `model_config(preset, arch, vocab, **MODEL_VARIANTS[name])` in code.
-MODEL_VARIANTS: dict[str, dict] = {
-    # The best MoD setting of Raposo et al. 2024 (arXiv 2404.02258, sec. 4.1): 12.5% capacity in every other block.
-    "mod_paper": {"mod_capacity": 0.125, "mod_layer_interval": 2},
-    # Capacity 0.5 in every block: what the throughput benchmark's `mod` case and the GPU target "mod (capacity 0.5)
-    # >= 1.6x dense" measure.
-    "mod_half": {"mod_capacity": 0.5, "mod_layer_interval": 1},
-}
+# MoD settings the variants below are made of (Raposo et al. 2024, arXiv 2404.02258): the paper's best, 12.5% capacity
+# in every other block (sec. 4.1), and capacity 0.5 in every block, mod's first default.
+_MOD_PAPER = {"mod_capacity": 0.125, "mod_layer_interval": 2}
+_MOD_HALF = {"mod_capacity": 0.5, "mod_layer_interval": 1}
+# The hybrid's MoE routing before its top-1 dropless default, named by the variants that trained it.
+_TOP2_CAPACITY = {"num_experts_per_tok": 2, "moe_drop_tokens": True}
 
-# The model settings each architecture ships with: `model_config` applies them under any explicit overrides (a
-# variant, `--model`). AdaptiveDSConfig's own field defaults stay what they always were (its docstring says why).
-ARCH_DEFAULTS: dict[str, dict] = {
+
+@dataclass(frozen=True)
+class ArchVariant:
+    """A named setting of an architecture: overrides of its model config (AdaptiveDSConfig fields) and of the
+    training controller (ControllerSettings fields), and one line on what it is. The training run checks every
+    field, so an entry is one line of `VARIANTS`."""
+
+    arch: str
+    model: dict = field(default_factory=dict)
+    controller: dict = field(default_factory=dict)
+    about: str = ""
+
+
+# The one table of variants, each named ARCH or ARCH:OPTION: `--variant NAME` of a training run,
+# `--variants NAME ...` of the grid (adaptive_ds/grid.py), `model_config(preset, arch, vocab, **VARIANTS[name].model)`
+# in code. The plain architecture names are what each architecture ships with: `model_config` applies their
+# overrides under any explicit one (a variant, `--model`), and AdaptiveDSConfig's own field defaults stay what they
+# always were (its docstring says why). A named variant names every field it sets, so that it keeps training what
+# it trained in the BENCHMARKS.md grids that named it when the architecture's defaults move.
+VARIANTS: dict[str, ArchVariant] = {
+    "dense": ArchVariant("dense", about="Llama-style decoder"),
+    # 8 experts top-2 by definition (the preset's), capacity-limited training routing
+    "moe": ArchVariant("moe", about="the preset's experts top-2, capacity-limited"),
     # The paper's setting: the best MoD setting measured at equal tokens, and better than dense trained on the same
     # FLOPs (BENCHMARKS.md sections grid:debug:embedded-hard and grid:debug:embedded-hard:active-flops-vs-iso-dense).
-    "mod": MODEL_VARIANTS["mod_paper"],
+    "mod": ArchVariant("mod", _MOD_PAPER, about="MoD at the paper's setting: 12.5% capacity in every other block"),
     # The same MoD setting around MoE blocks that route each token to one expert, dropless: the hybrid setting that
     # measured best per FLOP, better than dense trained on the same FLOPs at 500k and at 2M tokens (sections
     # grid:debug:embedded-hard:active-flops-vs-iso-dense and grid:debug:embedded-hard:2m-vs-iso-dense, where the
     # top-2 capacity-limited hybrid is compared too: grid:debug:embedded-hard:2m-hybrid-paper-vs-iso-dense). The moe
     # architecture itself is 8 experts top-2 by definition; the hybrid's top-k is free to follow the measurements.
-    "hybrid": {**MODEL_VARIANTS["mod_paper"], "num_experts_per_tok": 1, "moe_drop_tokens": False},
+    "hybrid": ArchVariant("hybrid", {**_MOD_PAPER, "num_experts_per_tok": 1, "moe_drop_tokens": False},
+                          about="mod's setting around MoE blocks that route top-1, dropless"),
+    "moe:dropless": ArchVariant("moe", {"moe_drop_tokens": False}, about="no capacity drops"),
+    "moe:top1": ArchVariant("moe", {"num_experts_per_tok": 1},
+                            about="top-1 (Switch Transformer): dense's active FLOPs, so equal tokens ~ equal FLOPs"),
+    "moe:fine1": ArchVariant("moe", {"moe_expert_granularity": 4, "num_experts_per_tok": 1},
+                             about="32 experts of a quarter width, top-4: fine-grained at dense's active FLOPs"),
+    "moe:fine1-dropless": ArchVariant("moe", {"moe_expert_granularity": 4, "num_experts_per_tok": 1,
+                                              "moe_drop_tokens": False}, about="moe:fine1, dropless"),
+    "moe:noaux": ArchVariant("moe", {"router_aux_loss_coef": 0.0}, {"moe_balance": False},
+                             about="no balancing loss, and no controller raising its coefficient back"),
+    "moe:bias": ArchVariant("moe", {"moe_balancing": "bias"},
+                            about="auxiliary-loss-free balancing by a routing bias (DeepSeek-V3, arXiv 2412.19437)"),
+    "moe:fine": ArchVariant("moe", {"moe_expert_granularity": 4},
+                            about="4x the experts, a quarter as wide, top-8 (DeepSeekMoE, arXiv 2401.06066): same "
+                                  "active FLOPs"),
+    "moe:deepseek": ArchVariant("moe", {"moe_expert_granularity": 4, "moe_shared_experts": 1,
+                                        "moe_balancing": "bias", "moe_drop_tokens": False},
+                                about="DeepSeekMoE's recipe: fine-grained, one shared expert, bias balancing, "
+                                      "dropless"),
+    "mod:paper": ArchVariant("mod", _MOD_PAPER, about="the paper's setting, named (mod's default)"),
+    "mod:half": ArchVariant("mod", _MOD_HALF, about="capacity 0.5 in every block: mod's first default"),
+    "mod:predictor": ArchVariant("mod", {"mod_causal_routing": "predictor"},
+                                 about="causal routing by the detached predictor MLP (before router-logit routing)"),
+    "hybrid:predictor": ArchVariant("hybrid", {"mod_causal_routing": "predictor"},
+                                    about="causal routing by the detached predictor MLP"),
+    "hybrid:top1": ArchVariant("hybrid", {"num_experts_per_tok": 1, "moe_drop_tokens": True},
+                               about="MoE blocks top-1, capacity-limited"),
+    "hybrid:paper": ArchVariant("hybrid", {**_MOD_PAPER, **_TOP2_CAPACITY},
+                                about="mod's setting around top-2 capacity-limited MoE: the hybrid's default "
+                                      "before top-1 dropless"),
+    "hybrid:half": ArchVariant("hybrid", {**_MOD_HALF, **_TOP2_CAPACITY},
+                               about="capacity 0.5 in every block around top-2 capacity-limited MoE: the hybrid's "
+                                     "first default"),
+    "hybrid:dropless": ArchVariant("hybrid", {**_MOD_HALF, **_TOP2_CAPACITY, "moe_drop_tokens": False},
+                                   about="hybrid:half, dropless"),
 }
+assert all(VARIANTS[arch].arch == arch for arch in ARCHITECTURES)  # each architecture's defaults have an entry
+
+# Spellings of variants before they were named ARCH:OPTION: `--variant` still takes them (with a warning).
+RENAMED_VARIANTS = {"mod_paper": "mod:paper", "mod_half": "mod:half"}
+
+
+def variant_overrides(name: str) -> ArchVariant:
+    """The variant `name` as overrides of its architecture's defaults, what a run's command line passes: a plain
+    architecture name overrides nothing (its entry is those defaults, which `model_config` applies itself), a named
+    variant every field of its entry. ValueError naming the valid ones for an unknown name."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)}")
+    entry = VARIANTS[name]
+    return ArchVariant(entry.arch, {} if name == entry.arch else dict(entry.model), dict(entry.controller),
+                       entry.about)
 
 
 def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
@@ -64,8 +132,8 @@ def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 
 def model_config(preset: str, arch: str, vocab_size: int, **overrides) -> AdaptiveDSConfig:
-    """The model configuration of `preset` in architecture `arch` (with its ARCH_DEFAULTS) for a tokenizer of
-    `vocab_size` tokens; `overrides` (AdaptiveDSConfig fields) win over both."""
+    """The model configuration of `preset` in architecture `arch` (with the defaults of its entry in `VARIANTS`) for
+    a tokenizer of `vocab_size` tokens; `overrides` (AdaptiveDSConfig fields) win over both."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; valid choices: {', '.join(PRESETS)}")
     if arch not in ARCHITECTURES:
@@ -78,7 +146,7 @@ def model_config(preset: str, arch: str, vocab_size: int, **overrides) -> Adapti
         max_position_embeddings=p.seq_len, num_local_experts=p.num_local_experts,
         num_experts_per_tok=p.num_experts_per_tok,
     )
-    fields.update(ARCH_DEFAULTS.get(arch, {}))
+    fields.update(VARIANTS[arch].model)
     fields.update(overrides)
     return AdaptiveDSConfig(**fields)
 
@@ -179,13 +247,15 @@ def main(argv: list[str] | None = None) -> None:
             counts = parameter_counts(model_config(name, arch, args.vocab_size))
             print(f"{name:<12}{arch:<8}{counts.total:>16,}{counts.active:>16,}"
                   f"{_human(counts.total):>9}{_human(counts.active):>9}")
-    print("architecture defaults (what the counts above use; a variant or --model overrides them)")
-    for arch, fields in ARCH_DEFAULTS.items():
-        print(f"{arch:<12}{json.dumps(fields)}")
-    print("model variants (arch mod or hybrid): --variant NAME, the same as --model '<JSON>'")
-    for name, fields in MODEL_VARIANTS.items():
-        print(f"{name:<12}{json.dumps(fields)}")
-
+    print("variants (adaptive_ds/presets.py VARIANTS): --variant NAME of a training run, --variants NAME of the grid; "
+          "a plain architecture name is what it ships with, which the counts above use")
+    print(f"{'name':<20}{'arch':<8}overrides")
+    for name, entry in VARIANTS.items():
+        controller = f" controller {json.dumps(entry.controller)}" if entry.controller else ""
+        print(f"{name:<20}{entry.arch:<8}{json.dumps(entry.model)}{controller}")
+        print(f"{'':<28}{entry.about}")
+    renamed = ", ".join(f"{old} -> {new}" for old, new in RENAMED_VARIANTS.items())
+    print(f"renamed (--variant still takes the old spelling, with a warning): {renamed}")
 
 if __name__ == "__main__":
     main()

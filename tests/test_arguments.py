@@ -190,24 +190,65 @@ def test_the_gpu_memory_cap_makes_larger_allocations_fail():
         torch.cuda.set_per_process_memory_fraction(1.0)
 
 
-def test_a_named_model_variant_sets_its_fields_and_explicit_overrides_win(tmp_path):
-    settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_paper"], 1)
+def test_a_named_variant_sets_its_architecture_and_fields_and_explicit_overrides_win(tmp_path):
+    settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod:paper"], 1)
     assert settings.model == {"mod_capacity": 0.125, "mod_layer_interval": 2}  # Raposo et al.'s best setting
-    settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_paper",
-                         "--model", '{"mod_capacity": 0.25}'], 1)
-    assert settings.model == {"mod_capacity": 0.25, "mod_layer_interval": 2}
-    with pytest.raises(ConfigError, match="unknown variant 'mod_fast'; valid choices: mod_paper, mod_half"):
-        parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod_fast"], 1)
-    for arch in ("dense", "moe"):  # MoD fields an architecture without MoD would silently ignore
-        with pytest.raises(ConfigError, match=f"variant mod_half sets MoD routing, which arch {arch} does not have"):
-            parse(["--ds_config", DEBUG_CPU, "--arch", arch, "--variant", "mod_half"], 1)
-    parse(["--ds_config", DEBUG_CPU, "--arch", "hybrid", "--variant", "mod_half"], 1)
+    settings, _ = parse(["--ds_config", DEBUG_CPU, "--variant", "mod:half", "--model", '{"mod_layer_interval": 2}'], 1)
+    # the variant's arch, replacing the block's dense
+    assert (settings.arch, settings.model) == ("mod", {"mod_capacity": 0.5, "mod_layer_interval": 2})
+    settings, _ = parse(["--ds_config", _config(tmp_path, block={"arch": "moe", "variant": "moe:noaux"}),
+                         "--controller", '{"spike_sigma": 3}'], 1)  # the block's variant, its controller setting too
+    assert (settings.arch, settings.model) == ("moe", {"router_aux_loss_coef": 0.0})
+    assert settings.controller == {"moe_balance": False, "spike_sigma": 3}
+    settings, _ = parse(["--ds_config", DEBUG_CPU, "--variant", "hybrid"], 1)  # what the architecture ships with
+    assert (settings.arch, settings.model) == ("hybrid", {})
+
+
+def test_an_unknown_variant_or_one_of_another_arch_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        parse(["--ds_config", DEBUG_CPU, "--arch", "mod", "--variant", "mod:fast"], 1)
+    assert str(error.value).startswith("unknown variant 'mod:fast'; valid choices: dense, moe, mod, hybrid, ")
+    assert "mod:paper, mod:half" in str(error.value) and "\n" not in str(error.value)
+    for arch in ("dense", "moe", "hybrid"):  # a MoD variant's fields on another architecture
+        with pytest.raises(ConfigError, match=rf"^variant mod:half is a mod variant, and arch is {arch}; leave arch "
+                                              rf"out \(the variant names it\) or pick a {arch} variant: {arch}(, |$)"):
+            parse(["--ds_config", DEBUG_CPU, "--arch", arch, "--variant", "mod:half"], 1)
+    with pytest.raises(ConfigError, match="^variant moe:top1 is a moe variant, and arch is dense;"):
+        parse(["--ds_config", DEBUG_CPU, "--variant", "moe:top1", "--arch", "dense"], 1)  # an explicit dense too
+    # the block's arch gives way to the flag (above), not to a variant beside it in the block
+    with pytest.raises(ConfigError, match="^variant moe:top1 is a moe variant, and arch is dense;"):
+        parse(["--ds_config", _config(tmp_path, block={"variant": "moe:top1"})], 1)
+
+
+@pytest.mark.parametrize(("arch", "old", "new", "line"), [
+    ("mod", "mod_half", ["--variant", "mod:half"],
+     "--variant mod_half is deprecated; it is now spelt --variant mod:half"),
+    ("mod", "mod_paper", ["--variant", "mod:paper"],
+     "--variant mod_paper is deprecated; it is now spelt --variant mod:paper"),
+    # on the hybrid's MoD blocks, the old spelling's fields (no hybrid variant is the hybrid's defaults at capacity 0.5)
+    ("hybrid", "mod_half", ["--model", '{"mod_capacity": 0.5, "mod_layer_interval": 1}'],
+     "--variant mod_half is deprecated; with arch hybrid it is --model "
+     "'{\"mod_capacity\": 0.5, \"mod_layer_interval\": 1}'"),
+])
+def test_an_old_variant_spelling_means_what_it_meant_with_one_warning(arch, old, new, line, caplog):
+    caplog.set_level("WARNING", logger="adaptive_ds")
+    settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", arch, "--variant", old], 1)
+    assert [r.getMessage() for r in caplog.records] == [line]
+    caplog.clear()
+    renamed, _ = parse(["--ds_config", DEBUG_CPU, "--arch", arch, *new], 1)
+    assert not caplog.records
+    built = [model_config(s.preset, s.arch, 128, **s.model) for s in (settings, renamed)]
+    assert built[0].to_dict() == built[1].to_dict() and (settings.arch, settings.controller) == (arch, {})
+    # what the old spelling named before the rename: capacity 0.5 in every block, or the paper's setting
+    assert (built[0].mod_capacity, built[0].mod_layer_interval) == ((0.5, 1) if old == "mod_half" else (0.125, 2))
+    with pytest.raises(ConfigError, match="^variant mod:[a-z]+ is a mod variant, and arch is dense;"):
+        parse(["--ds_config", DEBUG_CPU, "--arch", "dense", "--variant", old], 1)  # refused, as it was
 
 
 @pytest.mark.parametrize(("argv", "capacity", "interval"), [
     ([], 0.125, 2),  # mod's default: the paper's setting
-    (["--variant", "mod_half"], 0.5, 1),  # the default before it
-    (["--variant", "mod_half", "--model", '{"mod_layer_interval": 2}'], 0.5, 2),
+    (["--variant", "mod:half"], 0.5, 1),  # the default before it
+    (["--variant", "mod:half", "--model", '{"mod_layer_interval": 2}'], 0.5, 2),
 ])
 def test_the_mod_model_a_run_builds(argv, capacity, interval):
     settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", *argv], 1)

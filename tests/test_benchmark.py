@@ -11,7 +11,7 @@ from conftest import run_command
 from adaptive_ds.benchmark import CASES, RATIOS, measure_generation, run_benchmark, write_section
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.models import AdaptiveDSForCausalLM
-from adaptive_ds.presets import MODEL_VARIANTS, model_config
+from adaptive_ds.presets import VARIANTS, model_config
 
 
 def test_benchmark_reports_every_case_and_ratio(tmp_path):
@@ -82,7 +82,7 @@ def test_peak_memory_of_a_case_with_its_model_settings_is_near_the_planners_pred
     # hybrid's defaults
     predicted = {name: plan("debug", "hybrid", "h200", _ds_config(1, "fp32"), vocab_size=128, cpu_process=True,
                             model_overrides={"moe_drop_tokens": False, "num_local_experts": 16, **overrides}).peak_gib
-                 for name, overrides in (("case", {**MODEL_VARIANTS["mod_half"], "num_experts_per_tok": 2}),
+                 for name, overrides in (("case", {**VARIANTS["mod:half"].model, "num_experts_per_tok": 2}),
                                          ("default", {}))}
     assert result["predicted_gib"] == predicted["case"] != predicted["default"]
     with pytest.raises(SystemExit):

@@ -340,7 +340,7 @@ def test_a_missing_model_field_means_what_loading_that_config_means(arch):
 
 def test_a_mod_checkpoint_without_the_capacity_fields_resumes_as_capacity_half_in_every_block():
     # mod shipped with capacity 0.5 in every block until the paper's setting became its default (presets.py
-    # ARCH_DEFAULTS): a saved identity that lacks the two fields means that model, so resuming it as today's
+    # VARIANTS): a saved identity that lacks the two fields means that model, so resuming it as today's
     # default is refused in one line, and a run that asks for the old setting resumes it.
     half = {"arch": "mod", "model": json.loads(json.dumps(
         model_config("debug", "mod", 128, mod_capacity=0.5, mod_layer_interval=1).to_dict()))}
@@ -356,7 +356,7 @@ def test_a_mod_checkpoint_without_the_capacity_fields_resumes_as_capacity_half_i
 
 def test_a_hybrid_checkpoint_of_the_old_top2_default_is_refused_and_resumes_when_asked_for():
     # the hybrid's MoE blocks routed top-2 capacity-limited until top-1 dropless became its default (presets.py
-    # ARCH_DEFAULTS): a saved identity records both fields, so today's default refuses it in one line, naming them,
+    # VARIANTS): a saved identity records both fields, so today's default refuses it in one line, naming them,
     # and a run that asks for the old routing resumes it.
     old = {"arch": "hybrid", "model": json.loads(json.dumps(
         model_config("debug", "hybrid", 128, num_experts_per_tok=2, moe_drop_tokens=True).to_dict()))}

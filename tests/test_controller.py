@@ -342,7 +342,7 @@ def test_mod_capacity_moves_toward_a_flops_target_in_the_model(tmp_path):
     out = tmp_path / "run"
     controller = {"mod_flops_target": 0.3, "mod_capacity_bounds": [0.25, 1.0]}
     # from capacity 0.5 in every block, so that the controller can move it both ways within the bounds
-    train(["--ds_config", _config(tmp_path, controller=controller), "--arch", "mod", "--variant", "mod_half",
+    train(["--ds_config", _config(tmp_path, controller=controller), "--arch", "mod", "--variant", "mod:half",
            "--output_dir", str(out)])
     metrics = _jsonl(out / "metrics.jsonl")
     capacities = [m["mod"]["capacity"] for m in metrics]

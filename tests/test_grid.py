@@ -14,7 +14,6 @@ from transformers import AutoModelForCausalLM
 
 from adaptive_ds.grid import (
     PHASES,
-    VARIANTS,
     GridSpec,
     _parse_args,
     assemble,
@@ -26,7 +25,7 @@ from adaptive_ds.grid import (
     write_section,
 )
 from adaptive_ds.grid_tables import difference, markdown, plot, spread, verdict
-from adaptive_ds.presets import ARCH_DEFAULTS, model_config
+from adaptive_ds.presets import VARIANTS, ArchVariant, model_config
 from adaptive_ds.training.arguments import parse
 
 TRAINED = {"commit": "abc1234", "machine": "test CPU", "date": "2026-11-30"}
@@ -185,7 +184,7 @@ def test_the_section_is_keyed_by_preset_and_data(tmp_path):
                      "/data/docstrings.json.gz": "docstrings", "prepared/docs/": "docs"}
 
 
-def test_variants_are_named_or_a_name_with_json_overrides(tmp_path):
+def test_variants_are_named_or_a_name_with_json_overrides():
     assert parse_variant("moe") == parse_variant("moe") and parse_variant("mod").model == {}
     dropless = parse_variant('moe:dropless+{"router_aux_loss_coef": 0, "controller": {"spike_sigma": 3}}')
     assert dropless.arch == "moe" and dropless.model == {"moe_drop_tokens": False, "router_aux_loss_coef": 0}
@@ -196,13 +195,22 @@ def test_variants_are_named_or_a_name_with_json_overrides(tmp_path):
         parse_variant("moe+{drop}")
     with pytest.raises(ValueError, match="must be a JSON object"):
         parse_variant("moe+[1]")
-    # every named variant is a run the trainer accepts (the settings check the training run itself applies)
+
+
+def test_the_grid_and_a_training_run_make_the_same_model_of_each_variant(tmp_path):
+    # presets.VARIANTS is the one table: a grid's variant (--arch and --model on the run's command line) and a
+    # training run's --variant of the same name build the same model and controller settings, the entry's fields
+    # over the architecture's defaults; every variant is a run the trainer accepts.
     config = write_ds_config(tmp_path)
-    for name in VARIANTS:
+    for name, entry in VARIANTS.items():
         spec = GridSpec("debug", (parse_variant(name),), (1,), 4096, config)
-        settings, _ = parse(spec.training_args(spec.variants[0], 1) + ["--output_dir", str(tmp_path / name)], 1)
-        assert settings.arch == VARIANTS[name]["arch"] and settings.model == VARIANTS[name].get("model", {})
-        assert settings.controller == VARIANTS[name].get("controller", {})
+        grid, _ = parse(spec.training_args(spec.variants[0], 1) + ["--output_dir", str(tmp_path / name)], 1)
+        run, _ = parse(["--ds_config", config, "--variant", name, "--output_dir", str(tmp_path / name)], 1)
+        built = [model_config(s.preset, s.arch, 128, **s.model).to_dict() for s in (grid, run)]
+        assert built[0] == built[1] and grid.controller == run.controller == entry.controller, name
+        assert grid.arch == run.arch == entry.arch and entry.model.items() <= built[0].items(), name
+        # a plain architecture name puts nothing on the command line: the run applies the defaults itself
+        assert (grid.model == {}) == (name == entry.arch or not entry.model), name
 
 
 @pytest.mark.parametrize(("name", "capacity", "interval"), [("mod", 0.125, 2), ("mod:paper", 0.125, 2),
@@ -235,7 +243,7 @@ def test_a_change_of_an_architectures_defaults_trains_its_runs_anew(tmp_path, mo
     names = ("dense", "mod", "mod:half", "hybrid")
     spec = GridSpec("debug", tuple(map(parse_variant, names)), (1,), 4096, config)
     before = {v.name: spec.run_dir("runs", v, 1) for v in spec.variants}
-    monkeypatch.setitem(ARCH_DEFAULTS, "mod", {"mod_capacity": 0.25, "mod_layer_interval": 2})
+    monkeypatch.setitem(VARIANTS, "mod", ArchVariant("mod", {"mod_capacity": 0.25, "mod_layer_interval": 2}))
     after = {v.name: spec.run_dir("runs", v, 1) for v in spec.variants}
     # mod's runs are trained anew; mod:half overrides every default it could take, dense and hybrid are untouched
     assert [after[n] == before[n] for n in names] == [True, False, True, True]

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from adaptive_ds.flops import training_flops_per_token
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models.mod import AdaptiveDSCache, MixtureOfDepths, MoDRouting
-from adaptive_ds.presets import MODEL_VARIANTS, model_config
+from adaptive_ds.presets import VARIANTS, model_config
 
 MODES = ("router", "predictor")
 
@@ -181,9 +181,9 @@ def test_an_unknown_causal_routing_names_the_choices():
 
 @pytest.mark.parametrize(("overrides", "routed_blocks", "tokens"), [
     ({}, [False, True, False, True], 32),  # mod's default: the paper's setting, 12.5% of 256 in every other block
-    (MODEL_VARIANTS["mod_paper"], [False, True, False, True], 32),
-    (MODEL_VARIANTS["mod_half"], [True] * 4, 128),  # the default before: half of 256 in every block
-], ids=["default", "mod_paper", "mod_half"])
+    (VARIANTS["mod:paper"].model, [False, True, False, True], 32),
+    (VARIANTS["mod:half"].model, [True] * 4, 128),  # the default before: half of 256 in every block
+], ids=["default", "mod:paper", "mod:half"])
 def test_the_debug_mod_model_routes_what_its_setting_says(overrides, routed_blocks, tokens):
     model = AdaptiveDSForCausalLM(model_config("debug", "mod", 128, **overrides))
     assert [isinstance(layer, MixtureOfDepths) for layer in model.model.layers] == routed_blocks
@@ -196,7 +196,7 @@ def test_the_debug_mod_model_routes_what_its_setting_says(overrides, routed_bloc
 
 def test_flops_of_the_paper_variant_by_hand():
     # h 32, ffn 64, 4 heads of 8 with 2 KV heads, vocab 64, 4 layers, MoD on layers 1 and 3 at 1/8, seq 64
-    config = tiny_config("mod", num_hidden_layers=4, **MODEL_VARIANTS["mod_paper"])
+    config = tiny_config("mod", num_hidden_layers=4, **VARIANTS["mod:paper"].model)
     attention = 2 * 32 * 32 + 2 * 32 * 16  # q, o; k, v
     mlp = 3 * 32 * 64
     full_block = 6 * (attention + mlp) + 12 * 32 * 64  # 79_872
@@ -205,7 +205,7 @@ def test_flops_of_the_paper_variant_by_hand():
     assert training_flops_per_token(config, 64) == lm_head + 2 * full_block + 2 * routed_block == 187_008
 
 
-@pytest.mark.parametrize("overrides", [dict(mod_causal_routing="router", **MODEL_VARIANTS["mod_paper"]),
+@pytest.mark.parametrize("overrides", [dict(mod_causal_routing="router", **VARIANTS["mod:paper"].model),
                                        dict(mod_causal_routing="predictor", mod_capacity=0.5)],
                          ids=["router-paper", "predictor-half"])
 @pytest.mark.parametrize("arch", ["mod", "hybrid"])
@@ -240,7 +240,7 @@ def test_a_saved_model_from_before_the_router_option_keeps_its_predictor(tmp_pat
 
 
 def test_a_saved_mod_model_without_the_capacity_fields_loads_as_capacity_half_in_every_block(tmp_path):
-    # mod's default until the paper's setting replaced it (presets.py ARCH_DEFAULTS); a config.json written
+    # mod's default until the paper's setting replaced it (presets.py VARIANTS); a config.json written
     # without the two fields means that model
     model = AdaptiveDSForCausalLM(tiny_config("mod", mod_capacity=0.5, mod_layer_interval=1)).eval()
     model.save_pretrained(tmp_path)

@@ -3,8 +3,8 @@ import torch
 
 from adaptive_ds.models import ARCHITECTURES, AdaptiveDSConfig, AdaptiveDSForCausalLM
 from adaptive_ds.presets import (
-    MODEL_VARIANTS,
     PRESETS,
+    VARIANTS,
     block_parameters,
     main,
     model_config,
@@ -49,9 +49,9 @@ def test_the_hybrid_routes_top1_dropless_and_moe_keeps_the_presets_top2(preset):
 def test_explicit_overrides_win_over_the_architectures_defaults():
     quarter = model_config("b1", "mod", 32000, mod_capacity=0.25)
     assert (quarter.mod_capacity, quarter.mod_layer_interval) == (0.25, 2)
-    half = model_config("b1", "mod", 32000, **MODEL_VARIANTS["mod_half"])
+    half = model_config("b1", "mod", 32000, **VARIANTS["mod:half"].model)
     assert (half.mod_capacity, half.mod_layer_interval) == (0.5, 1)
-    half = model_config("debug", "hybrid", 128, **MODEL_VARIANTS["mod_half"])
+    half = model_config("debug", "hybrid", 128, **VARIANTS["mod:half"].model)
     assert (half.mod_capacity, half.mod_layer_interval) == (0.5, 1)
     # a config built directly keeps the fields' defaults: what a config without them has always meant
     direct = AdaptiveDSConfig(arch="mod")
@@ -101,5 +101,10 @@ def test_cli_prints_every_preset_and_arch(capsys):
     for preset in PRESETS:
         for arch in ARCHITECTURES:
             assert any(line.split()[:2] == [preset, arch] for line in out.splitlines())
-    assert 'mod         {"mod_capacity": 0.125, "mod_layer_interval": 2}' in out  # the architecture's default
-    assert 'mod_half    {"mod_capacity": 0.5, "mod_layer_interval": 1}' in out  # the variant restoring the old one
+    # the one table of variants: name, architecture, overrides (the architecture's defaults for a plain name)
+    lines = out.splitlines()
+    assert 'mod                 mod     {"mod_capacity": 0.125, "mod_layer_interval": 2}' in lines
+    assert 'mod:half            mod     {"mod_capacity": 0.5, "mod_layer_interval": 1}' in lines
+    assert 'moe:noaux           moe     {"router_aux_loss_coef": 0.0} controller {"moe_balance": false}' in lines
+    assert sum(line.split()[:1] == [name] for name in VARIANTS for line in lines) == len(VARIANTS)
+    assert "mod_paper -> mod:paper, mod_half -> mod:half" in out

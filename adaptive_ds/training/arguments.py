@@ -13,6 +13,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import logging
 import os
 import re
 import sys
@@ -24,7 +25,7 @@ from .. import ds_config as ds_config_reader
 from ..data import EMBEDDED, source_problems
 from ..ds_config import ConfigError
 from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
-from ..presets import MODEL_VARIANTS, PRESETS, model_config
+from ..presets import PRESETS, RENAMED_VARIANTS, VARIANTS, model_config, variant_overrides
 from .controller import ControllerSettings, controller_settings
 
 __all__ = ["ConfigError", "RunSettings", "build_parser", "check_precision", "parse", "settings_markdown", "validate"]
@@ -33,6 +34,8 @@ NAMESPACE = "adaptive_ds"
 ACCELERATE_DS_CONFIG = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # set by `accelerate launch` with the DeepSpeed plugin
 REPORTERS = ("none", "tensorboard", "wandb")
 REPORTER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # report_to -> the package it imports
+
+logger = logging.getLogger(__name__)
 
 
 def setting(default, help: str, choices: tuple = (), at_least: float | None = None,
@@ -98,9 +101,12 @@ class RunSettings:
     gpu_memory_gib: float | None = setting(None, "cap each process's CUDA allocator here (e.g. 15 to rehearse a "
                                                  "T4 on a larger GPU)", above=0)
     controller: dict = setting({}, "ControllerSettings fields (adaptive_ds/training/controller.py)")
-    variant: str | None = setting(None, "a named model variant of adaptive_ds/presets.py (MODEL_VARIANTS), applied "
-                                        "over the architecture's defaults and under the model overrides; mod_half: "
-                                        "MoD capacity 0.5 in every block", choices=tuple(MODEL_VARIANTS))
+    variant: str | None = setting(None, "a named variant of adaptive_ds/presets.py (VARIANTS; python -m "
+                                        "adaptive_ds.presets lists them), e.g. mod:half, MoD capacity 0.5 in every "
+                                        "block: it sets its architecture (an arch beside it must be the same; the "
+                                        "flag replaces the block's arch) and its model and controller overrides, "
+                                        "over the architecture's defaults and under the model and controller "
+                                        "settings", choices=tuple(VARIANTS))
     model: dict = setting({}, "overrides of AdaptiveDSConfig fields, e.g. {\"mod_capacity\": 0.25}")
 
 
@@ -263,10 +269,11 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
         if world_size % model.moe_ep_size:
             problems.append(f"moe_ep_size {model.moe_ep_size} does not divide the world size {world_size}; pass "
                             f"an --ep_size that divides the number of processes")
-    mod_variant = any(key.startswith("mod_") for key in MODEL_VARIANTS.get(settings.variant, {}))
-    if model is not None and mod_variant and not model.uses_mod:  # another arch would silently ignore its fields
-        problems.append(f"variant {settings.variant} sets MoD routing, which arch {settings.arch} does not have; "
-                        f"use it with --arch mod or hybrid")
+    variant = VARIANTS.get(settings.variant) if isinstance(settings.variant, str) else None
+    if variant is not None and variant.arch != settings.arch:
+        same = [name for name, v in VARIANTS.items() if v.arch == settings.arch]
+        problems.append(f"variant {settings.variant} is a {variant.arch} variant, and arch is {settings.arch}; leave "
+                        f"arch out (the variant names it) or pick a {settings.arch} variant: {', '.join(same)}")
     if "optimizer" not in ds_config:
         problems.append("the ds_config has no 'optimizer' block; add e.g. "
                         '{"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}}')
@@ -316,7 +323,8 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
         raise ConfigError("no --ds_config given (and no deepspeed_config_file from accelerate); pass one of "
                           "ds_configs/*.json")
     ds_config = copy.deepcopy(ds_config_reader.load(args.ds_config))
-    settings = _settings_from_block(ds_config.pop(NAMESPACE, {}), args.ds_config)
+    block = ds_config.pop(NAMESPACE, {})
+    settings = _settings_from_block(block, args.ds_config)
     for f in fields(RunSettings):
         value = getattr(args, f.name)
         if value is None:
@@ -328,10 +336,34 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
         settings.micro_batch = int(settings.micro_batch)  # the flag's text; the block gives a number
     if args.ep_size is not None:
         settings.model = {**settings.model, "moe_ep_size": args.ep_size}
-    if settings.variant in MODEL_VARIANTS and isinstance(settings.model, dict):
-        settings.model = {**MODEL_VARIANTS[settings.variant], **settings.model}
+    if isinstance(settings.variant, str) and isinstance(settings.model, dict) and isinstance(settings.controller, dict):
+        # an arch set where the variant is, or over it, must agree with it; a --variant flag replaces the block's arch
+        _apply_variant(settings, arch_given=args.arch is not None or (args.variant is None and "arch" in block))
     validate(settings, ds_config, world_size)
     return settings, ds_config
+
+
+def _apply_variant(settings: RunSettings, arch_given: bool) -> None:
+    """`variant`: its architecture where no arch is given (validate() refuses a variant of another one), then its
+    model and controller overrides under the explicit ones. A renamed variant's old spelling means what it meant,
+    with one warning that names the new spelling."""
+    name = settings.variant
+    if name in RENAMED_VARIANTS:
+        new = VARIANTS[RENAMED_VARIANTS[name]]
+        if arch_given and settings.arch == "hybrid":  # the old spelling set MoD fields, which the hybrid has too
+            logger.warning("--variant %s is deprecated; with arch hybrid it is --model '%s'", name,
+                           json.dumps(new.model))
+            settings.variant, settings.model = None, {**new.model, **settings.model}
+            return
+        logger.warning("--variant %s is deprecated; it is now spelt --variant %s", name, RENAMED_VARIANTS[name])
+        settings.variant = name = RENAMED_VARIANTS[name]
+    if name not in VARIANTS:
+        return  # validate() names the valid choices
+    entry = variant_overrides(name)
+    if not arch_given:
+        settings.arch = entry.arch
+    settings.model = {**entry.model, **settings.model}
+    settings.controller = {**entry.controller, **settings.controller}
 
 
 def _default_json(f: Field) -> str:
