@@ -9,6 +9,10 @@ and 2 DataLoader workers; reading prepared shards (a B1 step: 8 rows of 2048 tok
 batch when resuming shallow and deep, for prepared and streamed data. Beside them: each shipped GPU config's
 projected tokens/s (`adaptive_ds.plan`, computed when the benchmark runs), so the headroom is in one table.
 
+--work keeps what the command made there, each with its record: c4/ (corpus.json: its settings, reused when they
+are this run's) and prepared/ (prepared.json: its manifest's hash; prepared afresh on every run). A c4/ without its
+record, or a prepared/ the command did not make, ends it in one line before anything is computed or written.
+
 It writes the JSON report `data_benchmark.json` into --out (default: the --work folder, `runs/data_benchmark`) and
 prints the table; the table goes into a Markdown file as the section ``<!-- data:benchmark -->`` only when
 --benchmarks_md names one, rendered from the report alone. Nothing a user runs writes into the repository's
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import logging
 import os
@@ -40,6 +45,8 @@ SEQ_LEN = PRESETS["b1"].seq_len
 ROWS = 8  # rows per step in the measurements
 KEY = "data:benchmark"
 DEEP_STEP = 1_000_000  # a prepared resume this deep: 16B tokens, dozens of epochs of the corpus
+CORPUS_RECORD = "corpus.json"  # in --work: the settings of the corpus in c4/
+PREPARED_RECORD = "prepared.json"  # in --work: the manifest of the prepare this command made in prepared/
 
 
 def write_corpus(directory: str, files: int, target_mb: float) -> list[str]:
@@ -80,14 +87,51 @@ def _first_and_rate(batches, steps: int) -> dict[str, float]:
     return {"first_batch_s": first, "tokens_per_s": steps * ROWS * SEQ_LEN / (time.perf_counter() - started)}
 
 
+def _manifest_sha256(prepared_dir: str) -> str | None:
+    try:
+        with open(os.path.join(prepared_dir, "manifest.json"), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _record_prepared(work: str, prepared_dir: str) -> None:
+    """Mark `prepared_dir` as this command's: its manifest's hash (None while the prepare runs)."""
+    with open(os.path.join(work, PREPARED_RECORD), "w") as f:
+        json.dump({"manifest_sha256": _manifest_sha256(prepared_dir)}, f)
+
+
+def _prepared_problem(work: str) -> str | None:
+    """Why `work`/prepared may not be prepared afresh (None when it is absent, empty, or what this command made
+    there: the prepare its record names, or its partial prepare, killed before the manifest)."""
+    prepared_dir = os.path.join(work, "prepared")
+    if not os.path.lexists(prepared_dir) or (os.path.isdir(prepared_dir) and not os.listdir(prepared_dir)):
+        return None
+    try:
+        with open(os.path.join(work, PREPARED_RECORD)) as f:
+            made = json.load(f)["manifest_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        made = False  # no record of its own: never the command's
+    if os.path.isdir(prepared_dir) and made == _manifest_sha256(prepared_dir):
+        return None
+    return (f"error: --work {work} holds prepared/ that this command did not make (it prepares afresh there); "
+            "pass another --work, or move that folder")
+
+
 def measure(work: str, steps: int) -> dict:
-    """Every measurement on the corpus in `work`/c4 (prepared afresh into `work`/prepared)."""
+    """Every measurement on the corpus in `work`/c4 (prepared afresh into `work`/prepared, which only this command
+    writes: one it did not make is refused)."""
     corpus = os.path.join(work, "c4")
     paths = [os.path.join(corpus, f) for f in sorted(os.listdir(corpus))]
     prepared_dir = os.path.join(work, "prepared")
-    if os.path.exists(os.path.join(prepared_dir, "manifest.json")):  # this benchmark's earlier preparation
+    problem = _prepared_problem(work)
+    if problem:
+        raise SystemExit(problem)
+    if os.path.isdir(prepared_dir):
         shutil.rmtree(prepared_dir)
+    _record_prepared(work, prepared_dir)
     manifest = prepare(PrepareArguments(corpus, "bpe:32768", SEQ_LEN, tokenizer_sample_docs=20000), prepared_dir)
+    _record_prepared(work, prepared_dir)
     total = manifest["train"]["tokens"] + manifest["validation"]["tokens"]
     results = {"prepare": {"tokens_per_s": total / manifest["seconds"], "seconds": manifest["seconds"],
                            "workers": os.cpu_count()}}
@@ -185,21 +229,34 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _corpus(work: str, files: int, corpus_mb: float) -> None:
-    """The corpus in `work`/c4, written once; a --work holding a corpus of other settings is refused."""
-    settings = {"files": files, "corpus_mb": corpus_mb}
-    recorded = os.path.join(work, "corpus.json")
-    if os.path.isdir(os.path.join(work, "c4")):
-        with open(recorded) as f:
+def _corpus_problem(work: str, files: int, corpus_mb: float) -> str | None:
+    """Why the corpus in `work`/c4 cannot serve this run: its settings are not these, or not recorded."""
+    if not os.path.isdir(os.path.join(work, "c4")):
+        return None
+    try:
+        with open(os.path.join(work, CORPUS_RECORD)) as f:
             found = json.load(f)
-        if found != settings:
-            raise SystemExit(f"error: --work {work} holds a corpus of --files {found['files']} --corpus_mb "
-                             f"{found['corpus_mb']}; pass those, or another --work")
+        recorded = f"--files {found['files']} --corpus_mb {found['corpus_mb']}"
+    except FileNotFoundError:
+        return (f"error: --work {work} holds c4/ without the {CORPUS_RECORD} that records its settings (not made by "
+                "this version of the command); pass another --work, or remove that c4/ to have it written again")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return (f"error: --work {work}: its {CORPUS_RECORD} cannot be read ({type(e).__name__}: {e}); pass another "
+                "--work, or remove c4/ and that file to have the corpus written again")
+    if found != {"files": files, "corpus_mb": corpus_mb}:
+        return f"error: --work {work} holds a corpus of {recorded}; pass those, or another --work"
+    return None
+
+
+def _corpus(work: str, files: int, corpus_mb: float) -> None:
+    """The corpus in `work`/c4, written once (`_corpus_problem` has refused a --work whose corpus cannot serve)."""
+    settings = {"files": files, "corpus_mb": corpus_mb}
+    if os.path.isdir(os.path.join(work, "c4")):
         return
     write_corpus(os.path.join(work, "c4.partial"), files, corpus_mb)
-    os.rename(os.path.join(work, "c4.partial"), os.path.join(work, "c4"))
-    with open(recorded, "w") as f:
+    with open(os.path.join(work, CORPUS_RECORD), "w") as f:  # before c4/ exists: c4/ is never without its record
         json.dump(settings, f)
+    os.rename(os.path.join(work, "c4.partial"), os.path.join(work, "c4"))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,6 +279,9 @@ def main(argv: list[str] | None = None) -> None:
         check_markdown_path(args.benchmarks_md)
     except ValueError as error:
         p.error(str(error))
+    problem = _corpus_problem(args.work, args.files, args.corpus_mb) or _prepared_problem(args.work)
+    if problem:  # before anything is computed or written
+        raise SystemExit(problem)
     needs = gpu_needs()  # before hours of measuring: a config the planner cannot read fails now
     _corpus(args.work, args.files, args.corpus_mb)
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
