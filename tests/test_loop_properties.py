@@ -254,3 +254,22 @@ def test_validation_runs_in_forwards_of_the_micro_batch_that_fits(tmp_path):
         summary, _ = _run(tmp_path, log, FakeFaults(log, oom_at_step=1), max_steps=2, eval_batches=2)
     assert sizes == [2, 2, 2, 2]  # two held-out batches of the ds_config's 4 rows, in forwards of 2
     assert math.isfinite(summary["validation_loss"])
+
+
+@pytest.mark.parametrize("log_steps, eval_steps, save_steps, reads", [
+    (5, 0, 0, 4),  # the windows of steps 5, 10, 15, 20
+    (1, 0, 0, 20),  # a window a step: a read a step
+    (10, 4, 6, 8),  # windows at 10, 20; validations at 4, 8, 12, 16, 20; saves at 6, 12, 18: reads at 4, 6, 8,
+                    # 10, 12, 16, 18, 20
+])
+def test_the_step_losses_reach_the_host_once_per_window_validation_or_save(tmp_path, log_steps, eval_steps,
+                                                                          save_steps, reads):
+    """A 20-step run reads its step losses from the device in one transfer where a logging window, a validation or a
+    checkpoint needs them, never once a step (a host synchronisation per optimizer step)."""
+    from helpers.fake_engine import CountingTensor
+
+    log = EngineLog()
+    CountingTensor.reads = 0
+    _run(tmp_path, log, FakeFaults(log), max_steps=20, log_steps=log_steps, eval_steps=eval_steps,
+         save_steps=save_steps)
+    assert CountingTensor.reads == reads

@@ -241,6 +241,16 @@ class Controller:
         self.losses = [*window, loss][-self.settings.spike_window:]
         return CONTINUE
 
+    def observe_steps(self, reports: list[StepReport]) -> tuple[int, Verdict]:
+        """`observe_step` on a batch of steps in order (the loop reads its step losses from the device once per
+        logging window, validation or save): how many of them it accepted, and its verdict on the first it did not
+        (CONTINUE when it accepted all). The steps after one that rolls back or stops were never kept."""
+        for accepted, report in enumerate(reports):
+            verdict = self.observe_step(report)
+            if verdict.action is not Action.CONTINUE:
+                return accepted, verdict
+        return len(reports), CONTINUE
+
     def _roll_back(self, step: int, trigger: dict) -> Verdict:
         if self.rollbacks >= self.settings.max_rollbacks:
             self._decide(step, trigger, "stop")

@@ -3,6 +3,14 @@
     batch -> engine (forward, backward, step) -> step report -> controller verdict -> metrics, validation and
     checkpoint, each at its own cadence -> the controller's knobs applied in one place before the next step.
 
+Host synchronisations: the step losses stay on the device and reach the host in one transfer where a logging
+window, a validation or a checkpoint needs them (`_read_losses`), so the loop adds none per step. What remains per
+step is not the loop's: DeepSpeed's ZeRO optimizer reads its overflow check and the gradient norm it clips by
+(`engine.step()`, one or two reads); MoE layers read their expert loads to size their rows, once per layer and
+micro-batch on the per-expert path (none with the grouped GEMM), twice per layer and micro-batch with experts on
+other ranks (the all-to-all's splits); MoD blocks read their routed width in evaluation only (causal routing).
+Routing statistics are read once per logging window (`RoutingWindow.summary`).
+
 Outputs in OUTPUT_DIR: metrics.jsonl (one record per step that logged its window or validated; a record without
 "loss" is a validation only), summary.json, final/ (save_pretrained), checkpoints/ (DeepSpeed checkpoints; a run
 started again with the same command continues from the latest).
@@ -177,6 +185,7 @@ class Trainer:
         self.pusher = HubPusher(settings.push_to_hub, hub_api) if settings.push_to_hub and is_writer else None
         self.data_steps = 0  # step batches read (a rollback skips data, so it can exceed the step)
         self.last_loss = math.nan  # the latest step's loss, which its checkpoint records
+        self.pending: list[tuple[int, StepResult]] = []  # steps whose losses are still on the device
         self.stopped_early = False  # early stopping ended the run: a rerun of the command trains no more
         self._phase = "forward"  # where the step is, for the controller when it runs out of memory
         self.start_step = 0
@@ -287,10 +296,11 @@ class Trainer:
         return step
 
     # one step
-    def _train_step(self, step: int, rows: dict) -> tuple[float, Verdict]:
-        """One optimizer step over this rank's `rows`; returns the step's loss (NaN when it failed) and the
-        controller's verdict: on its loss, or on an out-of-memory error (RETRY_STEP: the loop applies the new split
-        and runs the same rows again; ROLL_BACK: the optimizer step may have been partial).
+    def _train_step(self, step: int, rows: dict) -> tuple[StepResult | None, Verdict]:
+        """One optimizer step over this rank's `rows`: its result, its loss left on the device (the loop reads the
+        losses of many steps at once: `_read_losses`), or, on an out-of-memory error, None and the controller's
+        verdict (RETRY_STEP: the loop applies the new split and runs the same rows again; ROLL_BACK: the optimizer
+        step may have been partial; STOP).
 
         The LM loss is normalised by the whole step's target-token count (every micro-batch of every rank), as
         transformers does with `num_items_in_batch`: each micro-batch passes its summed token loss divided by
@@ -306,14 +316,33 @@ class Trainer:
         if self.world > 1:
             dist.all_reduce(targets)  # on the device: no host synchronisation
         try:
-            result = self._micro_batches(step, rows, targets)
+            return self._micro_batches(step, rows, targets), Verdict(Action.CONTINUE)
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_out_of_memory(error):
                 raise
             discard_partial_step(engine, micro_steps_before)
-            return math.nan, self.controller.on_oom(step, error, self._phase)
-        loss = result.loss.item()  # the step's one host read (the spike rule)
-        return loss, self.controller.observe_step(StepReport(step, loss, result.overflow))
+            return None, self.controller.on_oom(step, error, self._phase)
+
+    def _reads_losses_at(self, step: int, validator: Validator) -> bool:
+        """Whether the step losses go to the host after `step`: where something needs them (its logging window, a
+        validation's early stopping, a checkpoint, which is written from healthy weights only, a save owed since a
+        boundary met unhealthy weights) and at the run's last step."""
+        checkpointer, max_steps = self.checkpointer, self.settings.max_steps
+        return (step == max_steps or self.metrics.should_log(step, max_steps) or validator.should_run(step)
+                or checkpointer.pending or bool(checkpointer.save_steps and step % checkpointer.save_steps == 0))
+
+    def _read_losses(self, window: LossWindow) -> Verdict:
+        """The pending steps' losses from the device in one transfer, then the controller's verdict on them in
+        order (their spikes and non-finite losses); the losses it accepted join the logging window."""
+        steps = self.pending
+        self.pending = []
+        losses = torch.stack([result.loss for _, result in steps]).tolist()  # the one host read of these steps
+        accepted, verdict = self.controller.observe_steps(
+            [StepReport(step, loss, result.overflow) for (step, result), loss in zip(steps, losses, strict=True)])
+        window.add_losses(losses[:accepted])
+        if accepted:
+            self.last_loss = losses[accepted - 1]  # what the checkpoint of the latest kept step records
+        return verdict
 
     def _micro_batches(self, step: int, rows: dict, targets: torch.Tensor) -> StepResult:
         engine, knobs = self.engine, self.applied
@@ -439,16 +468,23 @@ class Trainer:
                 while verdict.action is Action.RETRY_STEP:  # out of memory: the same rows, split anew
                     self.apply(step)
                     with clock.phase("train"):
-                        loss, verdict = self._train_step(step, rows)
+                        result, verdict = self._train_step(step, rows)
                 self.data_steps += 1
+                if result is not None:
+                    self.pending.append((step, result))
+                    window.add_tokens(self.tokens_per_step)
+                    bar.update(1)
+                    if self._reads_losses_at(step, validator):
+                        with clock.phase("train"):  # it waits for the device to finish the steps
+                            verdict = self._read_losses(window)
                 back = self._handle(verdict, step)
                 if back != step:
+                    self.pending = []  # steps after the checkpoint: undone
                     step = bar.n = back
                     window.restart()
                     continue
-                self.last_loss = loss  # what its checkpoint records: the step's own loss
-                window.add(loss, self.tokens_per_step)
-                bar.update(1)
+                if self.pending:  # the step's loss is still on the device: nothing observes it yet
+                    continue
                 record, verdict = self._observe(step, window, validator)
                 if "loss" in record:
                     train_loss = record["loss"]
@@ -458,7 +494,7 @@ class Trainer:
                     break
                 if self.checkpointer.due(step, settings.max_steps) and controller.healthy:
                     with clock.phase("checkpoint"):
-                        self._save(step, loss)
+                        self._save(step, self.last_loss)
         bar.close()
         return step, train_loss
 

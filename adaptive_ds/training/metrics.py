@@ -165,7 +165,8 @@ class PhaseClock:
 
 
 class LossWindow:
-    """The step losses and busy time of one logging window (tokens/s counts data and train time only)."""
+    """The step losses and busy time of one logging window (tokens/s counts data and train time only). A step's
+    tokens count when it trains; its loss arrives when the loop reads the window's losses from the device."""
 
     def __init__(self, clock: PhaseClock):
         self.clock = clock
@@ -179,9 +180,11 @@ class LossWindow:
         self.tokens = 0
         self.started = self._busy()
 
-    def add(self, loss: float, tokens: int) -> None:
-        self.losses.append(loss)
+    def add_tokens(self, tokens: int) -> None:
         self.tokens += tokens
+
+    def add_losses(self, losses: list[float]) -> None:
+        self.losses += losses
 
     def mean_loss(self) -> float:
         return sum(self.losses) / len(self.losses)

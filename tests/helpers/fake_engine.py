@@ -36,6 +36,29 @@ class EngineLog:
     executions: Counter = field(default_factory=Counter)  # step -> optimizer steps taken at it
 
 
+class CountingTensor(torch.Tensor):
+    """A tensor that counts the reads that bring its values to the host (`item`, `float`, `bool`, `tolist`): the
+    stand-in engine's step losses, and every tensor computed from them, are of this class."""
+
+    reads = 0
+
+    def item(self):
+        CountingTensor.reads += 1
+        return super().item()
+
+    def tolist(self):
+        CountingTensor.reads += 1
+        return super().tolist()
+
+    def __float__(self):
+        CountingTensor.reads += 1
+        return super().__float__()
+
+    def __bool__(self):
+        CountingTensor.reads += 1
+        return super().__bool__()
+
+
 class Killed(BaseException):
     """The process died here (nothing after it runs, no file is closed cleanly)."""
 
@@ -104,8 +127,8 @@ class FakeEngine:
         targets = labels[:, 1:]
         valid = targets != -100
         token_loss = (2.0 + 1.0 / (1.0 + self.w)) + 1e-4 * (targets % 7).float()  # (rows, seq - 1)
-        loss = (token_loss * valid).sum() / num_items_in_batch * self.loss_factor
-        self._step_loss += float(loss)
+        loss = ((token_loss * valid).sum() / num_items_in_batch * self.loss_factor).as_subclass(CountingTensor)
+        self._step_loss += torch.Tensor.item(loss)  # the stand-in's own bookkeeping: not a read of the loop's
         return SimpleNamespace(loss=loss, lm_loss=loss, expert_counts=None, expert_dropped=None, aux_loss=None,
                                z_loss=None, mod_routing=None, mod_predictor_loss=None)
 
