@@ -11,8 +11,8 @@ checkpoint layout writes from every expert-parallel rank. Weights are exported i
 trained in (fp32 from ZeRO-3). SRC for a conversion is a checkpoint or a `save_pretrained` folder.
 
 The adaptive_ds folder also carries the model's source files and an `auto_map` (`training.final.save_with_code`,
-as `final/` does), so users without this package load it with `trust_remote_code=True` (they still need
-deepspeed: the MoE layers are its layers and `moe.py` imports it).
+as `final/` does), so users with torch and transformers alone (no deepspeed, no adaptive_ds) load it with
+`trust_remote_code=True`.
 """
 
 from __future__ import annotations

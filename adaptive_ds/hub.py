@@ -44,9 +44,20 @@ Trained with adaptive_ds through the DeepSpeed engine.
 | validation loss | {fmt('validation_loss')} |
 | step | {summary.get('steps', '?')} |
 
-The repo carries the model code: load with `AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`
-and `AutoTokenizer.from_pretrained(repo, trust_remote_code=True)` (deepspeed must be installed), or without
-`trust_remote_code` where the `adaptive_ds` package is installed.
+The repo carries the model code, which needs torch and transformers only (no deepspeed, no adaptive_ds):
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+repo = "OWNER/NAME"  # this repo's id, or a folder holding its files
+model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
+```
+
+Where the `adaptive_ds` package is installed, `import adaptive_ds` registers the classes and
+`trust_remote_code` is not needed. To fine-tune, transformers' `Trainer` works as for any causal LM, with or without
+its DeepSpeed integration (`TrainingArguments(deepspeed=...)`): the experts of an MoE model are plain modules
+there, which DeepSpeed trains as a dense model's.
 
 Command:
 

@@ -1,63 +1,136 @@
-"""final/ is self-contained: it loads with trust_remote_code=True where adaptive_ds cannot be imported."""
+"""final/ is self-contained: it loads and generates with torch and transformers alone (no deepspeed, no adaptive_ds),
+with `trust_remote_code=True` or through the Auto classes that importing adaptive_ds registers, and the folders
+written when the MoE MLPs were DeepSpeed's own layers load into the models by their tensor names.
+
+tests/fixtures/final/<arch> are such folders (written by tests/helpers/make_final_fixtures.py at commit 6e3cb93,
+the copied source files left out): a tiny model of each architecture trained for four steps, and
+reference.safetensors with its logits (fp32, eval) on fixed input ids and its greedy continuation of them, as the
+training environment computed them.
+"""
 
 import json
+import shutil
 
 import pytest
 import torch
-from conftest import run_command, tiny_config
+from conftest import ROOT, run_command
+from helpers.hidden_packages import without
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
-from adaptive_ds.data.tokenizer import embedded_tokenizer
-from adaptive_ds.models import AdaptiveDSForCausalLM
-from adaptive_ds.presets import pad_vocab
+from adaptive_ds.hub import model_card
+from adaptive_ds.models import ARCHITECTURES, AdaptiveDSForCausalLM
 from adaptive_ds.training.final import save_final
 
-# Runs in a fresh interpreter: -I drops PYTHONPATH and the working directory from sys.path, and the None entry
-# blocks the editable install's finder too, so any `import adaptive_ds` in the loaded code would fail.
-REMOTE_LOAD = """
-import sys
-sys.modules["adaptive_ds"] = None
-try:
-    import adaptive_ds
-    sys.exit("adaptive_ds is importable")
-except ImportError:
-    pass
+FIXTURES = ROOT / "tests" / "fixtures" / "final"
+
+# For each folder given: LOAD (code that sets `model` and `tokenizer` from `repo`) run on it, then the model class's
+# module, its logits on the reference ids and its greedy continuation.
+LOAD_AND_GENERATE = """
+import json
+
 import torch
+from safetensors.torch import load_file, save_file
+
+out_file, *folders = sys.argv[1:]
+results, modules = {}, []
+for i, folder in enumerate(folders):
+    loaded = {}
+    exec(LOAD.replace('"OWNER/NAME"', repr(folder)), loaded)
+    model, tokenizer = loaded["model"].eval(), loaded["tokenizer"]
+    assert tokenizer("<eos>").input_ids == [tokenizer.eos_token_id]
+    ids = load_file(folder + "/reference.safetensors")["input_ids"]
+    with torch.no_grad():
+        results[f"{i}.logits"] = model(input_ids=ids).logits
+        results[f"{i}.generated"] = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    modules.append(type(model).__module__)
+save_file(results, out_file)
+print(json.dumps({"modules": modules, "hidden_loaded": loaded_hidden()}))
+"""
+
+# The Auto classes that importing adaptive_ds registers, without trust_remote_code.
+REGISTERED = """
+import adaptive_ds
 from transformers import AutoModelForCausalLM, AutoTokenizer
-folder, ids_file, out_file = sys.argv[1:]
-model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
-tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-assert tokenizer("<eos>").input_ids == [tokenizer.eos_token_id]
-with torch.no_grad():
-    logits = model(input_ids=torch.load(ids_file)).logits
-torch.save(logits, out_file)
-loaded = sorted(name for name, module in sys.modules.items() if name.startswith("adaptive_ds") and module)
-print(type(model).__module__, type(model).__name__, loaded)
+
+repo = "OWNER/NAME"
+model = AutoModelForCausalLM.from_pretrained(repo)
+tokenizer = AutoTokenizer.from_pretrained(repo)
 """
 
 
-@pytest.mark.slow  # a second interpreter
-def test_final_folder_loads_without_the_package_and_gives_the_same_logits(tmp_path):
-    tokenizer = embedded_tokenizer()
-    config = tiny_config("hybrid", vocab_size=pad_vocab(len(tokenizer)), moe_drop_tokens=True,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model = AdaptiveDSForCausalLM(config)
-    for name, param in model.named_parameters():  # routers that route unevenly, a MoD router that skips tokens
-        if "gate.wg" in name or name.endswith("router.weight"):
-            torch.nn.init.normal_(param, std=1.0)
-    final = tmp_path / "final"
-    save_final(model, tokenizer, str(final), is_writer=True)
-    assert "auto_map" not in model.config.to_dict()  # the live model's config is left as it was
-    assert json.loads((final / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == \
-        "modeling.AdaptiveDSForCausalLM"
+def _reference(arch: str) -> dict[str, torch.Tensor]:
+    return load_file(FIXTURES / arch / "reference.safetensors")
 
-    ids = torch.randint(2, config.vocab_size, (2, 16))
-    torch.save(ids, tmp_path / "ids.pt")
-    result = run_command(["python", "-I", "-c", REMOTE_LOAD, str(final), str(tmp_path / "ids.pt"),
-                          str(tmp_path / "logits.pt")], HF_MODULES_CACHE=str(tmp_path / "modules"),
-                         HF_HUB_OFFLINE="1")
+
+def _load_in_subprocess(tmp_path, folders, hidden: tuple[str, ...], load: str) -> tuple[list, list]:
+    """Run LOAD_AND_GENERATE with `load` on `folders` where `hidden` are not installed: (the model classes'
+    modules, [(logits, generated) of each folder])."""
+    script = without(hidden, f"LOAD = {load!r}\n" + LOAD_AND_GENERATE)
+    out = tmp_path / "results.safetensors"
+    result = run_command(["python", "-I", "-c", script, str(out), *map(str, folders)],
+                         HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    module, name, loaded = result.stdout.strip().splitlines()[-1].split(" ", 2)
-    assert module.startswith("transformers_modules.") and name == "AdaptiveDSForCausalLM" and loaded == "[]"
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["hidden_loaded"] == []  # nothing needed them
+    results = load_file(out)
+    return report["modules"], [(results[f"{i}.logits"], results[f"{i}.generated"]) for i in range(len(folders))]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_folders_written_with_deepspeeds_moe_layer_load_by_name_and_give_their_logits(arch):
+    names = set(safe_open(FIXTURES / arch / "model.safetensors", "pt").keys())
+    model = AdaptiveDSForCausalLM.from_pretrained(FIXTURES / arch).eval()
+    assert set(model.state_dict()) == names  # no tensor of the folder left out, none missing
+    if arch in ("moe", "hybrid"):  # every kind of name an MoE layer saves
+        kinds = {".moe.deepspeed_moe.gate.wg.weight", ".moe.deepspeed_moe.experts.deepspeed_experts.3.gate_proj.weight",
+                 ".moe.mlp.down_proj.weight", ".moe.coefficient.bias", ".shared_experts.up_proj.weight",
+                 ".routing_bias_steps"}
+        assert {k for k in kinds if any(n.endswith(k) for n in names)} == (
+            kinds - {".shared_experts.up_proj.weight", ".routing_bias_steps"} if arch == "moe"
+            else kinds - {".moe.mlp.down_proj.weight", ".moe.coefficient.bias"})
+    reference = _reference(arch)
     with torch.no_grad():
-        expected = model.eval()(input_ids=ids).logits
-    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=0, atol=0)
+        logits = model(input_ids=reference["input_ids"]).logits
+        generated = model.generate(reference["input_ids"], max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    torch.testing.assert_close(logits, reference["logits"], rtol=0, atol=1e-5)
+    assert torch.equal(generated, reference["generated"])
+
+
+@pytest.mark.slow  # a second interpreter
+def test_final_folders_load_and_generate_with_torch_and_transformers_alone(tmp_path):
+    """Each architecture's final/ (written by save_final from the trained fixture's weights), loaded as the Hub
+    model card says where neither deepspeed nor adaptive_ds can be imported: the copied sources' classes, the
+    training environment's logits to 1e-5 (fp32) and its greedy continuation."""
+    folders = []
+    for arch in ARCHITECTURES:
+        model = AdaptiveDSForCausalLM.from_pretrained(FIXTURES / arch)
+        del model.config.auto_map  # a trained model's config has none
+        final = tmp_path / arch
+        save_final(model, AutoTokenizer.from_pretrained(FIXTURES / arch), str(final), is_writer=True)
+        assert "auto_map" not in model.config.to_dict()  # the live model's config is left as it was
+        assert json.loads((final / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == \
+            "modeling.AdaptiveDSForCausalLM"
+        shutil.copyfile(FIXTURES / arch / "reference.safetensors", final / "reference.safetensors")
+        folders.append(final)
+    card = model_card({}, "")
+    load = card.split("```python\n")[1].split("```")[0]  # the model card's loading instructions, as they stand
+    assert 'repo = "OWNER/NAME"' in load and "trust_remote_code=True" in load
+    modules, results = _load_in_subprocess(tmp_path, folders, ("deepspeed", "adaptive_ds"), load)
+    for arch, module, (logits, generated) in zip(ARCHITECTURES, modules, results, strict=True):
+        assert module.startswith("transformers_modules."), module
+        reference = _reference(arch)
+        torch.testing.assert_close(logits, reference["logits"], rtol=0, atol=1e-5, msg=arch)
+        assert torch.equal(generated, reference["generated"]), arch
+
+
+@pytest.mark.slow  # a second interpreter
+def test_the_auto_classes_importing_adaptive_ds_registers_load_final_folders_without_deepspeed(tmp_path):
+    folders = [FIXTURES / arch for arch in ARCHITECTURES]
+    modules, results = _load_in_subprocess(tmp_path, folders, ("deepspeed",), REGISTERED)
+    assert modules == ["adaptive_ds.models.modeling"] * 4
+    for arch, (logits, generated) in zip(ARCHITECTURES, results, strict=True):
+        reference = _reference(arch)
+        torch.testing.assert_close(logits, reference["logits"], rtol=0, atol=1e-5, msg=arch)
+        assert torch.equal(generated, reference["generated"]), arch

@@ -1,11 +1,13 @@
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import run_command, tiny_config
+from helpers.hidden_packages import without
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from adaptive_ds.models import ARCHITECTURES, AdaptiveDSForCausalLM
 from adaptive_ds.models.mod import MixtureOfDepths, routed_token_count
 from adaptive_ds.models.modeling import rotary_embedding
+from adaptive_ds.training import moe_adapter
 
 
 def _model(arch, **overrides):
@@ -211,7 +213,8 @@ def test_bad_config_names_the_valid_choices():
 
 
 def _capacity_limited(arch, dispatch):
-    """A moe / hybrid model with a training-time capacity limit that really drops tokens (asserted), in eval.
+    """A moe / hybrid model with a training-time capacity limit that really drops tokens (asserted), in eval; with
+    `dispatch` "deepspeed", in DeepSpeed's MoE layer.
 
     8 experts, top-2 as in the debug preset; capacity factor 0.5 in training. The eval factor is small too, so
     a model that kept a capacity limit in eval would drop there as well. Routers with large weights route
@@ -219,6 +222,8 @@ def _capacity_limited(arch, dispatch):
     """
     model = _model(arch, num_local_experts=8, moe_drop_tokens=True, moe_capacity_factor=0.5,
                    moe_eval_capacity_factor=0.5, moe_min_capacity=1, moe_dispatch=dispatch, mod_layer_interval=1)
+    if dispatch == "deepspeed":  # its stock layer, as the trainer swaps it in
+        moe_adapter.prepare(model)
     for name, param in model.named_parameters():
         if "gate.wg" in name or name.endswith("router.weight"):
             torch.nn.init.normal_(param, std=1.0)
@@ -268,3 +273,40 @@ def test_capacity_limited_moe_cached_generation_equals_the_full_forward(arch, di
         full = model(input_ids=cached.sequences).logits  # (batch, 16, vocab)
     step_logits = torch.stack(cached.logits, dim=1)  # (batch, 10, vocab): positions 5..14
     torch.testing.assert_close(step_logits, full[:, 5:15], rtol=0, atol=1e-5)
+
+
+# Every architecture, with every MoE option, built and trained a step and generating where deepspeed is not installed.
+WITHOUT_DEEPSPEED = """
+import torch
+
+from adaptive_ds.models import ARCHITECTURES, AdaptiveDSConfig, AdaptiveDSForCausalLM
+
+MOE = dict(num_local_experts=4, moe_use_residual=True, moe_jitter=True, moe_shared_experts=1, moe_balancing="bias")
+for arch in ARCHITECTURES:
+    torch.manual_seed(0)
+    config = AdaptiveDSConfig(arch=arch, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, **MOE)
+    model = AdaptiveDSForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids = torch.randint(2, 64, (2, 16))
+    losses = []
+    for _ in range(3):
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if out.expert_counts is not None:
+            model.update_routing_bias([out.expert_counts])
+        losses.append(out.loss.item())
+    assert losses[-1] < losses[0], (arch, losses)
+    generated = model.eval().generate(ids[:, :4], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert generated.shape == (2, 8), arch
+print("built", ",".join(ARCHITECTURES), "imported", loaded_hidden())
+"""
+
+
+@pytest.mark.slow  # a second interpreter
+def test_the_models_build_train_and_generate_where_deepspeed_is_not_installed():
+    result = run_command(["python", "-I", "-c", without(("deepspeed",), WITHOUT_DEEPSPEED)])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "built dense,moe,mod,hybrid imported []"

@@ -1,17 +1,26 @@
-"""The index-based MoE dispatch against a naive per-expert loop and DeepSpeed's stock layer."""
+"""The index-based MoE dispatch against a naive per-expert loop and DeepSpeed's stock layer (swapped in as the
+trainer does, `moe_adapter`)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import tiny_config
+from deepspeed.moe.layer import MoE
+from deepspeed.moe.sharded_moe import multiplicative_jitter as deepspeed_jitter
 
-from adaptive_ds.models.moe import MoEFeedForward, expert_capacity, route
+from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.models import moe as moe_module
+from adaptive_ds.models.moe import MoEFeedForward, expert_capacity, multiplicative_jitter, route
+from adaptive_ds.training import moe_adapter
 
 
-def _layer(**overrides):
+def _layer(stock: bool = False, **overrides):
+    """A layer whose router routes unevenly; `stock`: in DeepSpeed's MoE layer, as the trainer runs it."""
     config = tiny_config("moe", num_local_experts=4, **overrides)
     layer = MoEFeedForward(config)
     torch.nn.init.normal_(layer.moe.deepspeed_moe.gate.wg.weight, std=0.5)
+    if stock:
+        moe_adapter.to_deepspeed(layer, config)
     return layer
 
 
@@ -55,7 +64,8 @@ def test_indexed_dispatch_equals_deepspeeds_stock_layer(k, drop_tokens):
     # an order torch does not define. Top-2 drops in token order, which we reproduce exactly.
     if k == 1 and drop_tokens:
         pytest.skip("DeepSpeed's top-1 drop order is undefined")
-    layer = _layer(num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5, moe_min_capacity=1)
+    layer = _layer(stock=True, num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5,
+                   moe_min_capacity=1)
     x = torch.randn(2, 16, 32, requires_grad=True)
     ours, ours_routing = layer(x)
     layer.dispatch = "deepspeed"
@@ -104,7 +114,7 @@ def test_layer_reports_dropped_assignments_in_training_and_is_dropless_in_eval()
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
 def test_eval_is_dropless_for_a_capacity_limited_layer(k, dispatch):
-    layer = _layer(num_experts_per_tok=k, moe_drop_tokens=True, moe_capacity_factor=0.5,
+    layer = _layer(stock=True, num_experts_per_tok=k, moe_drop_tokens=True, moe_capacity_factor=0.5,
                    moe_eval_capacity_factor=0.5, moe_min_capacity=1, moe_dispatch=dispatch)
     x = torch.randn(3, 10, 32)
     trained, _ = layer(x)
@@ -179,7 +189,7 @@ def _swiglu_by_hand(mlp, x):
 def test_residual_moe_mixes_the_dense_mlp_and_the_experts_by_the_softmax_of_the_coefficient(dispatch):
     # PR-MoE (Rajbhandari et al. 2022, DeepSpeed-MoE eq. 2's residual form): out = c0 * experts(x) + c1 * mlp(x),
     # (c0, c1) = softmax(W x + b), with W, b the layer's coefficient
-    layer = _layer(moe_use_residual=True, moe_drop_tokens=False, moe_dispatch=dispatch)
+    layer = _layer(stock=dispatch == "deepspeed", moe_use_residual=True, moe_drop_tokens=False, moe_dispatch=dispatch)
     for param in layer.parameters():  # the dense MLP unlike the experts, the coefficient far from an even split
         torch.nn.init.normal_(param, std=0.3)
     x = torch.randn(2, 8, 32)
@@ -206,3 +216,70 @@ def test_two_process_expert_parallel_equals_one_process():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     for case in cases:
         assert result.stdout.count(f", {case}: loss and gradients match the one-process run") == 2, case
+
+
+def _stock_moe_like_before(config):
+    """Stands in for `ExpertMixture`: the `deepspeed.moe.layer.MoE` an MoE MLP was built as, with its settings."""
+
+    def build(hidden_size, expert, num_experts, ep_size, use_residual):
+        return MoE(hidden_size=hidden_size, expert=expert, num_experts=num_experts, ep_size=ep_size,
+                   k=config.num_routed_experts_per_tok, capacity_factor=config.moe_capacity_factor,
+                   min_capacity=config.moe_min_capacity, use_residual=use_residual, noisy_gate_policy=None,
+                   drop_tokens=config.moe_drop_tokens, use_rts=False, top2_2nd_expert_sampling=False)
+
+    return build
+
+
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_a_seed_builds_the_same_model_as_with_deepspeeds_layer_in_its_place(monkeypatch, ep_size):
+    """The same initial weights, names and order, and the same random numbers left to draw after it."""
+    config = tiny_config("moe", moe_use_residual=True, moe_shared_experts=1, moe_ep_size=ep_size)
+    torch.manual_seed(3)
+    plain = AdaptiveDSForCausalLM(config)
+    after_plain = torch.get_rng_state()
+    monkeypatch.setattr(moe_module, "ExpertMixture", _stock_moe_like_before(config))
+    torch.manual_seed(3)
+    stock = AdaptiveDSForCausalLM(config)
+    assert isinstance(stock.model.layers[0].mlp.moe, MoE) and not isinstance(plain.model.layers[0].mlp.moe, MoE)
+    assert torch.equal(torch.get_rng_state(), after_plain)
+    stock_state = stock.state_dict()
+    assert list(plain.state_dict()) == list(stock_state)
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(tensor, stock_state[name]), name
+
+
+def test_the_swap_to_deepspeeds_layer_keeps_the_parameters_and_marks_the_experts():
+    config = tiny_config("moe", moe_use_residual=True, moe_shared_experts=1)
+    model = AdaptiveDSForCausalLM(config)
+    before = list(model.named_parameters())
+    rng = torch.get_rng_state()
+    moe_adapter.prepare(model)
+    moe_adapter.prepare(model)  # idempotent
+    assert torch.equal(torch.get_rng_state(), rng)  # nothing drawn: the run's random numbers are unchanged
+    after = list(model.named_parameters())
+    assert [n for n, _ in after] == [n for n, _ in before]
+    assert all(p is q for (_, p), (_, q) in zip(after, before, strict=True))  # the same Parameter objects
+    assert all(p.device.type == "cpu" for _, p in after)
+    layers = moe_adapter.moe_layers(model)
+    assert all(isinstance(layer.moe, MoE) and not layer.may_pack for layer in layers)
+    experts = {n for n, p in after if not getattr(p, "allreduce", True)}  # DeepSpeed's mark on expert parameters
+    assert experts == {n for n, _ in after if ".deepspeed_experts." in n}
+    assert {getattr(p, "group_name", None) for n, p in after if n in experts} == {"ep_size_1"}
+
+
+def test_deepspeeds_stock_dispatch_needs_its_layer_to_train_and_says_so():
+    layer = _layer(moe_dispatch="deepspeed")
+    x = torch.randn(2, 8, 32)
+    with pytest.raises(ValueError, match="moe_dispatch 'deepspeed' trains through DeepSpeed's own MoE layer.*"
+                                         "train with moe_dispatch 'indexed'"):
+        layer(x)
+    layer.eval()  # inference is the indexed path in every dispatch mode
+    torch.testing.assert_close(layer(x)[0], naive_moe(layer, x), rtol=1e-5, atol=1e-5)
+
+
+def test_jitter_draws_what_deepspeeds_multiplicative_jitter_draws():
+    x = torch.randn(64, 32)
+    torch.manual_seed(5)
+    ours = multiplicative_jitter(x)
+    torch.manual_seed(5)
+    assert torch.equal(ours, deepspeed_jitter(x, device=x.device))

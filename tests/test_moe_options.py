@@ -14,19 +14,23 @@ from adaptive_ds.flops import training_flops_per_token
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models.moe import MoEFeedForward, route, update_routing_bias
 from adaptive_ds.presets import block_parameters, parameter_counts
-from adaptive_ds.training import train
+from adaptive_ds.training import moe_adapter, train
 from adaptive_ds.training.controller import Controller, ControllerSettings, Knobs, WindowReport
 from adaptive_ds.training.validation import evaluate
 
 FINE = dict(moe_expert_granularity=2, moe_shared_experts=1)  # 4 x 2 = 8 experts of width 32, top-4, shared 32
 
 
-def _layer(**overrides):
-    """A layer whose experts differ (DeepSpeed builds them as copies of one module), so outputs show routing."""
-    layer = MoEFeedForward(tiny_config("moe", **overrides))
+def _layer(stock: bool = False, **overrides):
+    """A layer whose experts differ (they are built as copies of one module), so outputs show routing; `stock`: in
+    DeepSpeed's MoE layer, as the trainer runs it."""
+    config = tiny_config("moe", **overrides)
+    layer = MoEFeedForward(config)
     for param in layer.parameters():
         torch.nn.init.normal_(param, std=0.2)
     torch.nn.init.normal_(layer.moe.deepspeed_moe.gate.wg.weight, std=0.5)
+    if stock:
+        moe_adapter.to_deepspeed(layer, config)
     return layer
 
 
@@ -77,7 +81,7 @@ def test_fine_grained_and_shared_experts_equal_a_naive_per_token_loop(grouped, t
 def test_top_k_beyond_two_equals_deepspeeds_stock_top_k_gating_when_dropless():
     # DeepSpeed's topkgating (k > 2), dropless: same outputs, expert counts and aux loss (E / k * sum me * ce,
     # DeepSeekMoE's expert-level balance loss) as the indexed path.
-    layer = _layer(moe_expert_granularity=2, moe_drop_tokens=False)
+    layer = _layer(stock=True, moe_expert_granularity=2, moe_drop_tokens=False)
     x = torch.randn(2, 12, 32)
     ours, routing = layer(x)
     layer.moe.deepspeed_moe.gate.drop_tokens = False
@@ -168,12 +172,13 @@ def test_the_bias_is_a_persistent_buffer_saved_and_loaded_with_the_model(tmp_pat
                                                                                    num_experts_per_tok=1)),
                                               ("deepspeed", {})])
 def test_dropless_training_drops_nothing_where_capacity_mode_drops(dispatch, options):
-    capped = _layer(**options, moe_dispatch=dispatch, moe_drop_tokens=True, moe_capacity_factor=0.5,
+    stock = dispatch == "deepspeed"
+    capped = _layer(stock, **options, moe_dispatch=dispatch, moe_drop_tokens=True, moe_capacity_factor=0.5,
                     moe_min_capacity=1)
     x = torch.randn(2, 16, 32)
     capped_out, capped_routing = capped(x)
     assert int(capped_routing.dropped) > 0
-    dropless = _layer(**options, moe_dispatch=dispatch, moe_drop_tokens=False)
+    dropless = _layer(stock, **options, moe_dispatch=dispatch, moe_drop_tokens=False)
     dropless.load_state_dict(capped.state_dict())
     out, routing = dropless(x)
     assert dropless.training and int(routing.dropped) == 0

@@ -17,11 +17,12 @@ MOE_BALANCING = ("aux_loss", "bias")
 
 @dataclass(repr=False)
 class AdaptiveDSConfig(PreTrainedConfig):
-    """A Llama-style decoder whose MLPs may be DeepSpeed MoE layers and whose blocks may be MoD-routed.
+    """A Llama-style decoder whose MLPs may be Mixture-of-Experts layers and whose blocks may be MoD-routed.
 
     `arch` selects the family:
       - ``dense``: every block is attention + SwiGLU MLP;
-      - ``moe``: every ``moe_layer_interval``-th MLP is a ``deepspeed.moe.layer.MoE`` of SwiGLU experts;
+      - ``moe``: every ``moe_layer_interval``-th MLP is a routed mixture of SwiGLU experts (``models/moe.py``; in
+        adaptive_ds's trainer, inside a ``deepspeed.moe.layer.MoE``);
       - ``mod``: every ``mod_layer_interval``-th block is wrapped by a Mixture-of-Depths router;
       - ``hybrid``: both, so MoD decides which tokens ever reach the experts.
 
@@ -57,7 +58,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
-    # Mixture of Experts (arch moe / hybrid), passed to deepspeed.moe.layer.MoE.
+    # Mixture of Experts (arch moe / hybrid). moe_ep_size: the processes one layer's experts are split over; a
+    # model built with it holds num_routed_experts / moe_ep_size of them (saved final/ folders have 1: all).
     num_local_experts: int = 8
     num_experts_per_tok: int = 2
     moe_layer_interval: int = 1
@@ -70,7 +72,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
     # dropped), False is dropless (every token reaches its top-k experts). Inference is always dropless.
     moe_drop_tokens: bool = True
     moe_ep_size: int = 1
-    moe_dispatch: str = "indexed"  # "indexed" (sorted tokens, grouped GEMM) or "deepspeed" (stock, the baseline)
+    # "indexed" (sorted tokens, grouped GEMM) or "deepspeed" (DeepSpeed's stock layer, the baseline: trains only
+    # where adaptive_ds's trainer swapped that layer in; inference is indexed either way)
+    moe_dispatch: str = "indexed"
     moe_grouped_gemm: str = "auto"  # torch._grouped_mm: "auto" (Hopper bf16), "always" or "never"
     moe_jitter: bool = False  # multiplicative jitter on the router input in training (Switch Transformer)
     moe_use_residual: bool = False  # PR-MoE residual: a dense MLP mixed with the experts

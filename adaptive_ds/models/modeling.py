@@ -1,7 +1,8 @@
 """The adaptive_ds decoder: Llama-style blocks (RMSNorm, RoPE, GQA through SDPA, SwiGLU, no biases).
 
-`AdaptiveDSConfig.arch` swaps in DeepSpeed MoE MLPs (`moe.py`) and Mixture-of-Depths routing (`mod.py`).
+`AdaptiveDSConfig.arch` swaps in Mixture-of-Experts MLPs (`moe.py`) and Mixture-of-Depths routing (`mod.py`).
 The routing losses and statistics are returned with the hidden states; nothing is kept in module state.
+torch and transformers are all these files import: `final/` carries them and loads with `trust_remote_code=True`.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: h = x + attn(norm(x)); out = h + mlp(norm(h)). The MLP may be a DeepSpeed MoE layer."""
+    """Pre-norm block: h = x + attn(norm(x)); out = h + mlp(norm(h)). The MLP may be an MoE layer."""
 
     def __init__(self, config: AdaptiveDSConfig, layer_idx: int):
         super().__init__()

@@ -1,15 +1,29 @@
-"""Mixture-of-Experts feed-forward on DeepSpeed's MoE machinery, with index-based dispatch.
+"""Mixture-of-Experts feed-forward with index-based dispatch, in torch alone.
 
-The layer is a `deepspeed.moe.layer.MoE`: its experts carry the `allreduce=False` / `group_name` marks that
-DeepSpeed's ZeRO optimizer, gradient reduction and MoE checkpoint layout expect, and the engine gives it its
-expert-parallel process group. What we replace is the dispatch. DeepSpeed's stock path scatters tokens into
-a (experts, capacity, hidden) buffer padded to capacity; `dispatch="indexed"` (the default) instead sorts the
-token-expert assignments by expert, sends exactly those rows across the expert-parallel group with one
-variable-size all-to-all, and runs each projection of all local experts as one grouped GEMM
-(`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice. The experts
-stay DeepSpeed's per-expert modules; the grouped GEMM reads their weights through an (experts, out, in) view of the
-buffer they lie in, not a copy per forward (`stacked_weights`).
-`dispatch="deepspeed"` runs DeepSpeed's stock layer in training, kept as the baseline.
+The layer's modules carry the names of DeepSpeed's MoE layer (`deepspeed.moe.layer.MoE`): the router is
+`moe.deepspeed_moe.gate.wg`, expert e is `moe.deepspeed_moe.experts.deepspeed_experts.<e>`, and PR-MoE's dense MLP and
+mixing coefficient are `moe.mlp` and `moe.coefficient`. Checkpoints, final/ folders and the Mixtral export name
+their tensors so, and DeepSpeed's layer holds exactly these parameters: adaptive_ds's trainer swaps each `moe`
+container for a real `deepspeed.moe.layer.MoE` holding the same Parameter objects before it builds the engine
+(`adaptive_ds.training.moe_adapter`), for DeepSpeed's expert-parallel groups, its marks on expert parameters (ZeRO
+reduces and partitions them over the expert-data-parallel group) and its per-expert checkpoint files. The forward
+reads only what both hold: these parameters, and `ep_size` / `ep_group` (the expert-parallel group DeepSpeed's engine
+sets; None: the default group).
+
+Anywhere else (inference, a user's own loop, transformers' Trainer with its DeepSpeed integration) the experts are
+plain modules, all of them in this process (`moe_ep_size` 1), and DeepSpeed's engine sees a dense model. That is
+the route taken for the Trainer, rather than the model handing DeepSpeed its MoE parameter groups through a hook:
+a model loaded from the Hub has no deepspeed to import, and at `moe_ep_size` 1 the expert-data-parallel group is the
+data-parallel group, so DeepSpeed's MoE groups would reduce and partition the experts exactly as a dense model's
+parameters are.
+
+The dispatch: DeepSpeed's stock layer scatters tokens into a (experts, capacity, hidden) buffer padded to capacity;
+`dispatch="indexed"` (the default) instead sorts the token-expert assignments by expert, sends exactly those rows
+across the expert-parallel group with one variable-size all-to-all, and runs each projection of all local experts as
+one grouped GEMM (`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice.
+The grouped GEMM reads the experts' weights through an (experts, out, in) view of the buffer they lie in, not a copy
+per forward (`stacked_weights`). `dispatch="deepspeed"` trains through DeepSpeed's stock layer, kept as the baseline:
+the trainer's swap provides it; a model without it refuses to train so rather than silently run the other path.
 
 Routing semantics follow DeepSpeed's `top1gating` / `top2gating` (GShard, Lepikhin et al. 2020): softmax
 gates in float32; capacity ceil(k * tokens / experts * capacity_factor), at least min_capacity; when an expert
@@ -20,17 +34,16 @@ Inference is dropless. Capacity is a training-time device for balanced expert ba
 a later token (or another sequence of the batch) take an earlier token's slot, so validation loss would see
 the future, a served prompt would depend on its batch-mates and cached generation would differ from the full
 forward. In eval mode both dispatch modes therefore run the indexed path without a capacity limit, on the same
-weights (the experts and gate of the DeepSpeed layer). We route "deepspeed" through it rather than through
-DeepSpeed's own `drop_tokens=False` gating because that gating still asserts tokens >= min_capacity in top-1
-(a one-token decoding step fails), pads every expert's buffer to the busiest expert's count, and is switched by
-a flag on the shared gate that eval would have to flip back and forth; the indexed path is tested equal to
-DeepSpeed's dropless layer. `moe_eval_capacity_factor` is therefore unused (see `AdaptiveDSConfig`).
-In training, `moe_drop_tokens=False` is dropless in both dispatch modes (DeepSpeed's gating with its capacity
-raised to the busiest expert, the indexed path without a limit).
+weights. We route "deepspeed" through it rather than through DeepSpeed's own `drop_tokens=False` gating because
+that gating still asserts tokens >= min_capacity in top-1 (a one-token decoding step fails), pads every expert's
+buffer to the busiest expert's count, and is switched by a flag on the shared gate that eval would have to flip back
+and forth; the indexed path is tested equal to DeepSpeed's dropless layer. `moe_eval_capacity_factor` is therefore
+unused (see `AdaptiveDSConfig`). In training, `moe_drop_tokens=False` is dropless in both dispatch modes (DeepSpeed's
+gating with its capacity raised to the busiest expert, the indexed path without a limit).
 
 DeepSeekMoE options (Dai et al. 2024, arXiv 2401.06066): fine-grained experts (`moe_expert_granularity` g: g times
-as many experts, each 1/g as wide, top-k x g routed) are simply more, narrower experts in the same DeepSpeed
-layer; shared experts (`moe_shared_experts`) are one dense SwiGLU outside it, run on every token and added to the
+as many experts, each 1/g as wide, top-k x g routed) are simply more, narrower experts in the same layer; shared
+experts (`moe_shared_experts`) are one dense SwiGLU outside it, run on every token and added to the
 routed output. Top-k beyond 2 is routed by the indexed path only (`route` handles any k with the same
 priorities). The load-balancing loss is DeepSpeed's for every k: first choices for k <= 2 (GShard), all k
 choices over k for k > 2 (its `topkgating`, which is DeepSeekMoE's expert-level balance loss, eq. 12-13).
@@ -46,6 +59,7 @@ it is in checkpoints and `final/`): it stays exact when the engine casts the mod
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,8 +67,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from deepspeed.moe.layer import MoE
-from deepspeed.moe.sharded_moe import multiplicative_jitter
 from torch import nn
 
 from .configuration import AdaptiveDSConfig
@@ -96,6 +108,14 @@ def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, choices_per_t
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
     """ST-MoE router z-loss (Zoph et al. 2022, eq. 5): keeps router logits small for numerical stability."""
     return torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+def multiplicative_jitter(x: torch.Tensor, epsilon: float = 1e-2) -> torch.Tensor:
+    """`x` times a factor drawn uniformly from [1 - epsilon, 1 + epsilon] for each element: the router input's
+    jitter noise of Switch Transformer (Fedus et al. 2021), as Mesh TensorFlow and DeepSpeed draw it."""
+    low = torch.tensor(1.0 - epsilon, device=x.device)
+    high = torch.tensor(1.0 + epsilon, device=x.device)
+    return x * (low + torch.rand(x.shape, device=x.device) * (high - low))
 
 
 def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float, min_capacity: int) -> int:
@@ -222,12 +242,12 @@ def _owns_its_storage(w: torch.Tensor) -> bool:
 def stacked_weights(weights: Sequence[nn.Parameter], may_pack: bool = True) -> torch.Tensor:
     """The experts' (out, in) weights of one projection as one (experts, out, in) tensor for the grouped GEMM.
 
-    A view, no copy, when they lie at a regular stride in one storage: DeepSpeed's ZeRO-1/2, bf16 and fp16
-    optimizers flatten each param group into one buffer in parameter order (and point the parameters back into it
-    after every step), so a layer's experts' weights sit a fixed distance apart there. With `may_pack`, weights
-    that each own their storage are packed once into such a buffer, then viewed: a plain module, a model after
-    `.to()` or `from_pretrained` (generation). An optimizer built by `adaptive_ds.training.optim.parameter_groups`
-    turns `may_pack` off (after packing once, before the optimizer exists): a weight alone in its param group sits
+    A view, no copy, when they lie at a regular stride in one storage: optimizers that flatten each param group into
+    one buffer in parameter order (DeepSpeed's ZeRO-1/2, bf16 and fp16 optimizers, which also point the parameters
+    back into it after every step) leave a layer's experts' weights a fixed distance apart there. With `may_pack`,
+    weights that each own their storage are packed once into such a buffer, then viewed: a plain module, a model
+    after `.to()` or `from_pretrained` (generation). A trainer that builds such an optimizer packs the weights first
+    and turns `may_pack` off (adaptive_ds's does, in `training.moe_adapter`): a weight alone in its param group sits
     alone in that optimizer's flat buffer, which looks the same as owning its storage, and moving it would cut it
     off from the buffer the optimizer updates. Otherwise, and under `torch.inference_mode` (whose tensors could not
     train later) or torch.compile (pointer checks are not traceable), the weights are copied by `torch.stack` on
@@ -258,9 +278,62 @@ def pack(weights: Sequence[nn.Parameter]) -> bool:
     return True
 
 
+class Router(nn.Module):
+    """The (experts, hidden) router weight, `wg` (DeepSpeed's `TopKGate` holds it under that name)."""
+
+    def __init__(self, hidden_size: int, num_experts: int):
+        super().__init__()
+        self.wg = nn.Linear(hidden_size, num_experts, bias=False)
+
+
+class ExpertList(nn.Module):
+    """This process's routed experts, `deepspeed_experts` (as DeepSpeed's `Experts` names them): copies of one
+    expert module, so each has its shape."""
+
+    def __init__(self, expert: nn.Module, num_local_experts: int):
+        super().__init__()
+        self.deepspeed_experts = nn.ModuleList([copy.deepcopy(expert) for _ in range(num_local_experts)])
+
+
+class RoutedExperts(nn.Module):
+    """Router and experts, `deepspeed_moe` (DeepSpeed's `MOELayer`); `ep_group` None: the experts are split over
+    the default process group when `ep_size` > 1."""
+
+    def __init__(self, router: Router, experts: ExpertList, ep_size: int):
+        super().__init__()
+        self.gate = router
+        self.experts = experts
+        self.ep_size = ep_size
+        self.ep_group = None
+
+
+class ExpertMixture(nn.Module):
+    """The routed experts and, for PR-MoE (`use_residual`), the dense MLP and its mixing coefficient: the parameters
+    of a `deepspeed.moe.layer.MoE`, under its names (see the module doc). Holds parameters only: `MoEFeedForward`
+    runs them."""
+
+    def __init__(self, hidden_size: int, expert: nn.Module, num_experts: int, ep_size: int, use_residual: bool):
+        super().__init__()
+        self.num_experts = num_experts
+        self.ep_size = ep_size
+        self.use_residual = use_residual
+        # In DeepSpeed's order (copies of `expert`, then the router, then the coefficient), so that a seed draws
+        # the same initial weights whichever of the two layers a model is built with.
+        experts = ExpertList(expert, num_experts // ep_size)
+        self.deepspeed_moe = RoutedExperts(Router(hidden_size, num_experts), experts, ep_size)
+        if use_residual:
+            self.mlp = expert
+            self.coefficient = nn.Linear(hidden_size, 2)
+
+    def forward(self, hidden_states: torch.Tensor):
+        raise ValueError("moe_dispatch 'deepspeed' trains through DeepSpeed's own MoE layer, which adaptive_ds's "
+                         "trainer swaps in (adaptive_ds.training.moe_adapter); elsewhere train with moe_dispatch "
+                         "'indexed' (the same routing)")
+
+
 class MoEFeedForward(nn.Module):
-    """Top-k routed SwiGLU experts in a `deepspeed.moe.layer.MoE`, dispatched by index (see the module doc), plus
-    the shared experts when configured."""
+    """Top-k routed SwiGLU experts, dispatched by index (see the module doc), plus the shared experts when
+    configured. `moe` is an `ExpertMixture`, or the `deepspeed.moe.layer.MoE` a trainer swapped in for it."""
 
     def __init__(self, config: AdaptiveDSConfig):
         super().__init__()
@@ -272,23 +345,11 @@ class MoEFeedForward(nn.Module):
         self.jitter = config.moe_jitter
         self.dispatch = config.moe_dispatch
         self.grouped_gemm = config.moe_grouped_gemm
-        self.moe = MoE(
-            hidden_size=config.hidden_size,
-            expert=SwiGLU(config.hidden_size, config.expert_intermediate_size),
-            num_experts=self.num_experts,
-            ep_size=config.moe_ep_size,
-            k=self.k,  # only DeepSpeed's own dispatch reads it, which the config allows for k <= 2
-            capacity_factor=config.moe_capacity_factor,
-            min_capacity=config.moe_min_capacity,
-            use_residual=config.moe_use_residual,
-            noisy_gate_policy="Jitter" if config.moe_jitter else None,
-            drop_tokens=config.moe_drop_tokens,
-            use_rts=False,  # random token selection would make routing depend on the RNG, not the input
-            top2_2nd_expert_sampling=False,  # deterministic top-2, as in Mixtral
-        )
+        self.moe = ExpertMixture(config.hidden_size, SwiGLU(config.hidden_size, config.expert_intermediate_size),
+                                 self.num_experts, config.moe_ep_size, config.moe_use_residual)
         self.shared_experts = (SwiGLU(config.hidden_size, config.shared_intermediate_size)
                                if config.moe_shared_experts else None)
-        self.may_pack = True  # see `stacked_weights`; `pack_for_optimizer` turns it off
+        self.may_pack = True  # see `stacked_weights`
         self.bias_update_rate = None
         if config.moe_balancing == "bias":
             self.bias_update_rate = config.moe_bias_update_rate
@@ -296,7 +357,8 @@ class MoEFeedForward(nn.Module):
             self.register_buffer("routing_bias_steps", torch.zeros(self.num_experts, dtype=torch.long))
 
     @property
-    def _layer(self):
+    def _layer(self) -> nn.Module:
+        """Router and experts: `RoutedExperts`, or DeepSpeed's `MOELayer`."""
         return self.moe.deepspeed_moe
 
     @property
@@ -312,22 +374,15 @@ class MoEFeedForward(nn.Module):
         (DeepSeek-V3, arXiv 2412.19437 sec. 2.1.2): an overloaded expert's bias falls, an idle one's rises."""
         self.routing_bias_steps += torch.sign(load.float().mean() - load.float()).long()
 
-    def pack_for_optimizer(self) -> None:
-        """Before an optimizer is built on this layer's parameters: pack the local experts' weights (each projection
-        one buffer, for the grouped GEMM's view) and never move them again (see `stacked_weights`)."""
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            pack(self._expert_weights(name))
-        self.may_pack = False
-
-    def _expert_weights(self, name: str) -> list[nn.Parameter]:
+    def expert_weights(self, name: str) -> list[nn.Parameter]:
         """The local experts' `name` projection weights, (out, in) each, in expert order."""
         return [getattr(e, name).weight for e in self._layer.experts.deepspeed_experts]
 
     def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(tokens, experts) float32 logits of DeepSpeed's gate, with its multiplicative jitter in training."""
+        """(tokens, experts) float32 router logits, with multiplicative jitter on the input in training."""
         x = tokens.float()
         if self.jitter and self.training:
-            x = multiplicative_jitter(x, device=x.device)
+            x = multiplicative_jitter(x)
         return F.linear(x, self._layer.gate.wg.weight.float())
 
     def capacity(self, num_tokens: int) -> int | None:
@@ -340,7 +395,7 @@ class MoEFeedForward(nn.Module):
         shape = hidden_states.shape
         tokens = hidden_states.reshape(-1, shape[-1])  # (tokens, hidden)
         if self.dispatch == "deepspeed" and self.training:  # eval is dropless through the indexed path
-            output, aux_loss, demand = self.moe(hidden_states)
+            output, aux_loss, demand = self.moe(hidden_states)  # DeepSpeed's stock layer (see ExpertMixture)
             # DeepSpeed's gate does not expose its logits; recompute them for the z-loss (one small matmul).
             z_loss = router_z_loss(F.linear(tokens.float(), self._layer.gate.wg.weight.float()))
             return self._add_shared(output, hidden_states), self._routing(aux_loss, z_loss, demand, tokens.shape[0])
@@ -403,7 +458,7 @@ class MoEFeedForward(nn.Module):
             offsets = torch.cumsum(counts, 0).to(torch.int32)
 
             def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
-                return stacked_weights(self._expert_weights(name), self.may_pack).transpose(-2, -1)
+                return stacked_weights(self.expert_weights(name), self.may_pack).transpose(-2, -1)
 
             gate = torch._grouped_mm(x, stacked("gate_proj"), offs=offsets)
             up = torch._grouped_mm(x, stacked("up_proj"), offs=offsets)

@@ -12,7 +12,10 @@ from .optim import parameter_groups, scheduler_factory
 
 def build_engine(model: AdaptiveDSForCausalLM, ds_config: dict, warmup_steps: int, max_steps: int,
                  min_lr_ratio: float, compile: bool = False) -> deepspeed.DeepSpeedEngine:
-    """`deepspeed.initialize` with weight-decay and MoE param groups and the warm-up + cosine schedule."""
+    """`deepspeed.initialize` with weight-decay and MoE param groups and the warm-up + cosine schedule.
+
+    The param groups are made on the model as DeepSpeed trains it: its MoE MLPs in DeepSpeed's MoE layer, which
+    the engine then gives its expert-parallel group (`optim.parameter_groups`, `moe_adapter`)."""
     weight_decay = ds_config["optimizer"].get("params", {}).get("weight_decay", 0.0)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay), config=ds_config,

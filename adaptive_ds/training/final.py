@@ -1,7 +1,8 @@
 """Writing the final model: a self-contained `save_pretrained` folder with every expert and ZeRO-3 shard gathered.
 
 The folder carries the model's source files and an `auto_map`, so `AutoModelForCausalLM.from_pretrained(folder,
-trust_remote_code=True)` loads it where adaptive_ds is not installed (deepspeed still is: `moe.py` imports it).
+trust_remote_code=True)` loads it where only torch and transformers are installed (the model files import nothing
+else; an MoE layer is its plain modules there, under the names DeepSpeed's layer gave its tensors in training).
 `final/`, the Hub snapshots and `python -m adaptive_ds.export` all write it through `save_with_code`.
 """
 
@@ -15,12 +16,12 @@ import shutil
 
 import deepspeed
 import torch.distributed as dist
-from deepspeed.utils import groups
 from transformers import PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_relative_import_files
 
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM, AdaptiveDSModel
 from ..models import modeling as modeling_module
+from .moe_adapter import expert_parallel_group
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def _gather_experts(model: AdaptiveDSForCausalLM) -> dict:
     """The full state dict on every rank: each rank holds `num_experts / ep_size` experts, numbered locally."""
     config = model.config
     num_local = config.num_routed_experts // config.moe_ep_size
-    group = groups._get_expert_parallel_group(f"ep_size_{config.moe_ep_size}")
+    group = expert_parallel_group(model)
     ep_rank = dist.get_rank(group)
     local = {}
     for name, tensor in model.state_dict().items():

@@ -8,7 +8,7 @@ from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optim
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from ..models.moe import MoEFeedForward
+from . import moe_adapter
 
 # split_params_into_different_moe_groups_for_optimizer's default cap on an MoE param group, in elements
 DEEPSPEED_MOE_GROUP_CAP = 178_956_971
@@ -19,12 +19,12 @@ def parameter_groups(model: nn.Module, weight_decay: float, moe_group_cap: int =
     """Decay for matrices; none for norms and biases (1-D parameters); MoE experts in DeepSpeed's MoE groups.
 
     DeepSpeed's ZeRO optimizer reduces expert gradients over the expert-data-parallel group only if the
-    experts sit in param groups marked `moe` (made by `split_params_into_different_moe_groups_for_optimizer`).
+    experts sit in param groups marked `moe` (made by `split_params_into_different_moe_groups_for_optimizer`
+    from the marks DeepSpeed's MoE layer puts on them). So the model's MoE MLPs are first given DeepSpeed's layer
+    and their experts packed (`moe_adapter.prepare`): the groups returned hold the parameters the engine will train.
     Those groups hold whole MoE layers (see `moe_group_size`).
     """
-    for layer in model.modules():  # before the optimizer holds the experts' weights (models/moe.py)
-        if isinstance(layer, MoEFeedForward):
-            layer.pack_for_optimizer()
+    moe_adapter.prepare(model)  # before the optimizer holds the experts' weights
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:
@@ -47,7 +47,7 @@ def moe_group_size(model: nn.Module, cap: int = DEEPSPEED_MOE_GROUP_CAP) -> int:
     rather than a group past the cap DeepSpeed chose; there the number of groups depends on `moe_ep_size`, and a
     resume on another ep_size is refused (checkpoint.restore) rather than loaded into the wrong groups.
     """
-    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    layers = moe_adapter.moe_layers(model)
     if not layers:
         return cap
     local = sum(p.numel() for p in layers[0].moe.deepspeed_moe.experts.parameters())

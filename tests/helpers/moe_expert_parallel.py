@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from adaptive_ds.distributed import init_distributed
 from adaptive_ds.models import AdaptiveDSConfig, AdaptiveDSForCausalLM
+from adaptive_ds.training import moe_adapter
 
 EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
 
@@ -56,6 +57,7 @@ def check(case: str, grouped: str, fine: bool) -> None:
     ref_grads = {n: p.grad for n, p in reference.named_parameters()}
 
     model = AdaptiveDSForCausalLM(config(world, grouped, fine))
+    moe_adapter.prepare(model)  # DeepSpeed's MoE layers as the trainer builds them, given groups as the engine does
     for module in model.modules():
         if hasattr(module, "set_deepspeed_parallelism"):
             module.set_deepspeed_parallelism()
