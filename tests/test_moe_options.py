@@ -165,7 +165,8 @@ def test_the_bias_is_a_persistent_buffer_saved_and_loaded_with_the_model(tmp_pat
     for other in (fresh.eval(), loaded):
         for key in keys:
             assert torch.equal(other.state_dict()[key], state[key])
-        torch.testing.assert_close(other(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+        # to rounding: with several threads, from_pretrained's copy can round one logit differently in the last bit
+        torch.testing.assert_close(other(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("dispatch,options", [("indexed", FINE), ("deepspeed", dict(moe_expert_granularity=2,
