@@ -96,7 +96,13 @@ class TrainingData:
 
 def _die_with_parent(parent: int, worker_id: int) -> None:
     """A worker ends when the training process does, even on SIGKILL (Linux: PR_SET_PDEATHSIG). Without it an
-    orphaned worker lives on and holds the launcher's pipes open, so whoever waits for the run's output hangs."""
+    orphaned worker lives on and holds the launcher's pipes open, so whoever waits for the run's output hangs.
+
+    It ignores SIGTERM and SIGINT, which a scheduler or a terminal sends to the whole process group: the training
+    process decides what they mean (a checkpoint, then a stop: adaptive_ds/training/stop.py), and a worker killed by
+    them would end the run before it could save."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before the call: nothing would signal us

@@ -4,6 +4,8 @@ A run that loses one of its processes also ends with one line (never a hang): a 
 collective (gloo: its closed connection), a hung one the collective timeout (`collective_timeout_s`), and
 torchrun's agent stops the survivors with SIGTERM. The same command then resumes from the last complete checkpoint.
 A rendezvous port that another run holds ends it with one line too, naming the launcher's option for another port.
+SIGTERM or SIGINT during training saves the run at the next step boundary first (`stop.py`); it exits with 128 + the
+signal's number and a line that says the same command resumes it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .arguments import ConfigError
 from .checkpoint import CheckpointError
 from .controller import TrainingStopped
 from .loop import train
+from .stop import StopRequested
 
 
 class Terminated(BaseException):
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
             break
         except (Terminated, RuntimeError):
             continue
+    if isinstance(stop, StopRequested):  # stopped as asked, and saved: the exit status a signal gives
+        print(stop.line, file=sys.stderr)
+        sys.exit(128 + stop.signum)
     line = _one_line(stop)
     if line is None:
         raise stop

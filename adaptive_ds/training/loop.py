@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import shlex
+import signal
 import sys
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -44,6 +45,7 @@ from .engine import apply_knobs, build_engine, configured_knobs, discard_partial
 from .final import save_final
 from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
 from .output_dir import prepare_output_dir, write_identity
+from .stop import StopRequest, StopRequested
 from .validation import Validator
 
 logger = logging.getLogger(__name__)
@@ -129,6 +131,7 @@ class Trainer:
         self.clock, self.hooks = clock, hooks or TrainerHooks()
         # Validate before joining the process group: bad input should cost nothing and touch nothing.
         settings, ds_config = parse(argv, int(os.environ.get("WORLD_SIZE", "1")))
+        self.settings = settings  # its max_steps is resolved below, once the global batch the run keeps is known
         distributed.init_distributed(settings.collective_timeout_s)
         self.rank, self.world = distributed.rank(), distributed.world_size()
         _prepare_device(settings, ds_config)
@@ -178,7 +181,9 @@ class Trainer:
         if settings.micro_batch == "auto" and not self.resume_tag:
             self.controller.start_micro_batch_search()
         self.applied = None  # the knobs the engine follows now
-        self.checkpointer = checkpoint.Checkpointer(self.output_dir, settings.save_steps, settings.keep_last)
+        self.checkpointer = checkpoint.Checkpointer(self.output_dir, self.identity, self.engine,
+                                                    {"run": self, "data": self.data}, self.data.tokenizer,
+                                                    settings.save_steps, settings.keep_last, self.resume_tag)
         self.metrics = MetricsWriter(self.output_dir if is_writer else None, settings.report_to,
                                      os.path.basename(self.output_dir), self.identity, settings.log_steps)
         self.window = RoutingWindow(self.config)
@@ -188,7 +193,7 @@ class Trainer:
         self.pending: list[tuple[int, StepResult]] = []  # steps whose losses are still on the device
         self.stopped_early = False  # early stopping ended the run: a rerun of the command trains no more
         self._phase = "forward"  # where the step is, for the controller when it runs out of memory
-        self.start_step = 0
+        self.start_step = self.step = 0  # where the run starts, and the step it has trained
         if is_writer:
             write_identity(self.output_dir, self.identity)
 
@@ -234,20 +239,17 @@ class Trainer:
             self.applied = knobs
 
     # state
-    def state_dict(self, step: int, loss: float) -> dict:
-        return {"step": step, "data_steps": self.data_steps, "loss": loss, "identity": self.identity,
+    def state_dict(self) -> dict:
+        """The run's part of a checkpoint (run.json): where it is, what it is, and the controller's state."""
+        return {"step": self.step, "data_steps": self.data_steps, "loss": self.last_loss, "identity": self.identity,
                 "controller": self.controller.state_dict(), "micro_batch": self.settings.micro_batch,
                 "stopped_early": self.stopped_early}
 
-    def _resume(self, tag: str) -> None:
-        """Continue from `tag`: engine, optimizer, schedule and RNG from DeepSpeed's files, the controller and data
-        position from run.json; metrics recorded after the checkpoint are marked abandoned."""
-        self.resume_tag = tag
-        saved = checkpoint.restore(self.engine, self.output_dir, tag, self.identity)
-        self.start_step, self.data_steps = saved["step"], saved["data_steps"]
-        self.data.load_state_dict(checkpoint.read_data_state(self.output_dir, self.resume_tag, self.rank))
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from a checkpoint's run state (the engine, optimizer, schedule and RNG are loaded already)."""
+        self.start_step = self.step = saved["step"]
+        self.data_steps, self.last_loss = saved["data_steps"], saved["loss"]
         self.controller.load_state_dict(saved["controller"])
-        self.last_loss = saved["loss"]
         # The split of the step: the checkpoint's knobs (they may hold an out-of-memory halving), unless this command
         # asks for another micro-batch than the one that wrote it; on another number of ranks, the rows per rank
         # changed and the micro-batch that worked is kept where it divides them.
@@ -262,17 +264,14 @@ class Trainer:
             self.stopped_early = True
             logger.warning("the run stopped early at step %d (its validation loss stopped improving): it is finished; "
                            "pass a new --output_dir to train again", self.start_step)
-        self.metrics.rewind(self.start_step, f"resumed from the checkpoint at step {self.start_step}")
-        logger.info("resumed from %s at step %d", self.resume_tag, self.start_step)
 
     def _roll_back(self, step: int) -> int:
         """Back to the latest healthy checkpoint's weights and optimizer (through the universal format when it was
         written on another layout: the checkpoint a run resumed from on a new one); the controller keeps its new
         knobs. Returns the checkpoint's step."""
-        tag = checkpoint.latest_tag(self.output_dir)
-        if tag is None:
+        saved = self.checkpointer.restore(rollback=True)
+        if saved is None:
             raise TrainingStopped(f"step {step} needs a rollback but there is no checkpoint yet; set save_steps")
-        saved = checkpoint.restore(self.engine, self.output_dir, tag, self.identity)
         self.controller.rolled_back(saved["controller"])
         self.checkpointer.pending = False  # a save postponed before the rollback is owed by steps now undone
         self.applied = None  # the load restored the scheduler's learning rates: apply the knobs again
@@ -327,9 +326,9 @@ class Trainer:
         """Whether the step losses go to the host after `step`: where something needs them (its logging window, a
         validation's early stopping, a checkpoint, which is written from healthy weights only, a save owed since a
         boundary met unhealthy weights) and at the run's last step."""
-        checkpointer, max_steps = self.checkpointer, self.settings.max_steps
+        max_steps = self.settings.max_steps
         return (step == max_steps or self.metrics.should_log(step, max_steps) or validator.should_run(step)
-                or checkpointer.pending or bool(checkpointer.save_steps and step % checkpointer.save_steps == 0))
+                or self.checkpointer.boundary(step, max_steps))
 
     def _read_losses(self, window: LossWindow) -> Verdict:
         """The pending steps' losses from the device in one transfer, then the controller's verdict on them in
@@ -381,10 +380,12 @@ class Trainer:
     def run(self) -> dict:
         clock, settings = self.clock, self.settings
         with clock.phase("checkpoint"):
-            if self.resume_tag:  # a checkpoint DeepSpeed cannot load is set aside for the previous one
-                checkpoint.restore_newest(self.output_dir, self.resume_tag, self._resume)
-            else:  # a start, or a start over after an attempt that saved nothing: no earlier record stands
+            if self.checkpointer.restore() is None:  # a start, or a start over after an attempt that saved nothing
                 self.metrics.rewind(0, "the run started over before its first checkpoint")
+            else:
+                self.resume_tag = self.checkpointer.resume_tag
+                self.metrics.rewind(self.start_step, f"resumed from the checkpoint at step {self.start_step}")
+                logger.info("resumed from %s at step %d", self.resume_tag, self.start_step)
         counts = parameter_counts(self.config)
         knobs = self.controller.knobs
         logger.info("%s %s: %s parameters (%s active), %d process(es), micro-batch %d x accumulation %d, seq %d",
@@ -403,8 +404,7 @@ class Trainer:
             if not self.controller.healthy:
                 logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
             elif self.checkpointer.last_saved != last_step and last_step > self.start_step:
-                self.checkpointer.save(self.engine, last_step, self.state_dict(last_step, self.last_loss),
-                                       self.data.tokenizer, self.data.state_dict())
+                self.checkpointer.save(last_step)
             save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
                        is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
         summary.update(self._summary_facts(summary, last_step, counts))
@@ -447,17 +447,24 @@ class Trainer:
             checkpoint.write_json(os.path.join(self.output_dir, "summary.json"), summary)
 
     def _train_loop(self, validator: Validator) -> tuple[int, float]:
-        clock, settings, controller = self.clock, self.settings, self.controller
-        with clock.phase("setup"):  # the loader and its workers start; waiting for their batches is "data"
+        with self.clock.phase("setup"):  # the loader and its workers start; waiting for their batches is "data"
             batches = self.data.step_batches(self.data_steps, self.rows_per_step, self.rank, self.world)
-        bar = tqdm(total=settings.max_steps, initial=self.start_step, disable=self.rank != 0, dynamic_ncols=True,
-                   desc="train")
+        try:
+            return self._train_steps(batches, validator)
+        finally:  # shuts the loader's workers down, whatever ended the loop: they ignore SIGTERM (data/__init__.py),
+            batches.close()  # which is how multiprocessing would stop them at exit
+
+    def _train_steps(self, batches, validator: Validator) -> tuple[int, float]:
+        clock, settings, controller = self.clock, self.settings, self.controller
         window = LossWindow(clock)
         step, train_loss = self.start_step, self.last_loss  # a finished run resumed trains no step
         first = step < settings.max_steps and not self.stopped_early
-        with logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]):
+        # the bar closed whatever ends the loop, so that a last line (a stop's) starts a line of its own
+        with tqdm(total=settings.max_steps, initial=self.start_step, disable=self.rank != 0, dynamic_ncols=True,
+                  desc="train") as bar, logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]), \
+                StopRequest(settings.stop_grace_s) as stop:
             while step < settings.max_steps and not self.stopped_early:
-                step += 1
+                step = self.step = step + 1
                 distributed.progress.step = step  # for the one line printed if a process is lost
                 self.apply(step)
                 self.hooks.before_step(self, step)
@@ -470,44 +477,69 @@ class Trainer:
                     with clock.phase("train"):
                         result, verdict = self._train_step(step, rows)
                 self.data_steps += 1
+                stopping = stop.agreed()  # a signal asked this run to stop: every rank stops here
                 if result is not None:
                     self.pending.append((step, result))
                     window.add_tokens(self.tokens_per_step)
                     bar.update(1)
-                    if self._reads_losses_at(step, validator):
+                    if stopping or self._reads_losses_at(step, validator):
                         with clock.phase("train"):  # it waits for the device to finish the steps
                             verdict = self._read_losses(window)
                 back = self._handle(verdict, step)
                 if back != step:
                     self.pending = []  # steps after the checkpoint: undone
-                    step = bar.n = back
+                    step = self.step = bar.n = back
                     window.restart()
                     continue
                 if self.pending:  # the step's loss is still on the device: nothing observes it yet
                     continue
-                record, verdict = self._observe(step, window, validator)
+                record, verdict = self._observe(step, window, validator, stopping)
                 if "loss" in record:
                     train_loss = record["loss"]
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
                 if self._handle(verdict, step) is None:  # early stopping: the run ends here, saved as usual
                     self.stopped_early = True
                     break
-                if self.checkpointer.due(step, settings.max_steps) and controller.healthy:
+                if self.checkpointer.should_save(step, settings.max_steps, controller.healthy):
                     with clock.phase("checkpoint"):
-                        self._save(step, self.last_loss)
-        bar.close()
+                        self._save(step)
+                if stopping:
+                    self._stop(step, stop)
         return step, train_loss
 
-    def _observe(self, step: int, window: LossWindow, validator: Validator) -> tuple[dict, Verdict]:
+    def _stop(self, step: int, stop: StopRequest) -> None:
+        """End the run at `step` as a signal asked: with a checkpoint where the weights are healthy and the grace
+        period has not passed (collective), and a line that says how the same command resumes it."""
+        name = signal.Signals(stop.signum).name
+        reason = None
+        if self.checkpointer.last_saved != step:
+            if not self.controller.healthy:
+                reason = "its loss is not healthy"
+            elif not stop.within_grace():
+                reason = f"the grace period of {self.settings.stop_grace_s} s had passed"
+            else:
+                with self.clock.phase("checkpoint"):
+                    self._save(step)
+        latest = self.checkpointer.rollback_target()
+        if self.checkpointer.last_saved == step:
+            line = f"stopped by {name} at step {step}, saved; rerun the same command to resume from step {step}"
+        else:
+            resume = f"resume from {latest}" if latest else "start again (no checkpoint was saved yet)"
+            line = (f"stopped by {name} at step {step} without a checkpoint there ({reason or 'its save failed'}); "
+                    f"rerun the same command to {resume}")
+        raise StopRequested(line, stop.signum)
+
+    def _observe(self, step: int, window: LossWindow, validator: Validator, stopping: bool = False,
+                 ) -> tuple[dict, Verdict]:
         """After a step the run keeps: validation at its cadence, the logging window at its own, both written as the
         step's one metrics.jsonl record (none when neither is due); returns the record and the controller's verdict
-        (early stopping). The step the run stops at always logs its window."""
+        (early stopping). The step the run stops at (early, or on a signal: `stopping`) always logs its window."""
         record, verdict = {}, Verdict(Action.CONTINUE)
         if validator.should_run(step):
             with self.clock.phase("eval"):
                 record.update(validator.run(self.engine, step, self.applied.micro_batch))
             verdict = self.controller.observe_validation(step, record["validation_loss"])
-        if self.metrics.should_log(step, self.settings.max_steps) or verdict.action is Action.STOP:
+        if stopping or self.metrics.should_log(step, self.settings.max_steps) or verdict.action is Action.STOP:
             record.update(self._window_record(step, window))
         if record:
             self.metrics.write({"step": step, "tokens_seen": step * self.tokens_per_step,
@@ -539,17 +571,15 @@ class Trainer:
         window.restart()
         return record
 
-    def _save(self, step: int, loss: float) -> None:
+    def _save(self, step: int) -> None:
         """A periodic checkpoint; one that cannot be written (a full disk) costs a warning, not the run: the
         previous checkpoint stays the latest, and the next boundary tries again."""
         try:
-            self.checkpointer.save(self.engine, step, self.state_dict(step, loss), self.data.tokenizer,
-                                   self.data.state_dict())
+            self.checkpointer.save(step)
         except checkpoint.CheckpointSaveError as error:
             logger.warning("%s; training goes on", error)
-            self.checkpointer.pending = False
             return
-        self._push_checkpoint(step, loss)
+        self._push_checkpoint(step, self.last_loss)
 
     def _push_checkpoint(self, step: int, loss: float) -> None:
         if not (self.settings.push_to_hub and self.settings.push_every_save):

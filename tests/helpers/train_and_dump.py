@@ -23,7 +23,8 @@ from deepspeed.utils import (
 )
 
 from adaptive_ds import distributed
-from adaptive_ds.training import checkpoint, train
+from adaptive_ds.training import train
+from adaptive_ds.training.checkpoint import manager
 
 EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
 
@@ -66,7 +67,7 @@ def _dump(engine, dump_dir: str, event: str) -> None:
 
 def main() -> None:
     dump_dir, argv = sys.argv[1], sys.argv[2:]
-    save, load = checkpoint.save, checkpoint.load
+    save, load = manager.save, manager.load
 
     def save_and_dump(engine, output_dir, step, *args, **kwargs):
         tag = save(engine, output_dir, step, *args, **kwargs)
@@ -78,7 +79,7 @@ def main() -> None:
         _dump(engine, dump_dir, f"loaded_step{run_state['step']}")
         return run_state
 
-    checkpoint.save, checkpoint.load = save_and_dump, load_and_dump
+    manager.save, manager.load = save_and_dump, load_and_dump  # what the Checkpointer calls
     train(argv)
     distributed.close()
 

@@ -22,6 +22,7 @@ Memory: the optimizer files are memory-mapped and one parameter is assembled at 
 
 from __future__ import annotations
 
+import argparse
 import glob
 import logging
 import math
@@ -46,6 +47,9 @@ from deepspeed.checkpoint.constants import (
     SINGLE_PARTITION_OF_FP32_GROUPS,
     ZERO_STAGE,
 )
+
+from ... import distributed
+from .storage import CheckpointError, checkpoint_root
 
 logger = logging.getLogger(__name__)
 
@@ -215,3 +219,53 @@ def _write_param(output_dir: str, name: str, tensors: dict[str, torch.Tensor], s
         torch.save({PARAM: tensor, CAT_DIM: 0, **(extra or {})}, os.path.join(folder, f"{key}.pt"))
     if step is not None:
         torch.save(step, os.path.join(folder, "step.pt"))
+
+
+def universal_tag(output_dir: str, tag: str, ep_size: int = 1) -> str:
+    """Convert checkpoint `tag` to DeepSpeed's universal format (once; rank 0) and return the converted tag.
+
+    A universal checkpoint stores each parameter's fp32 weights and optimizer moments whole, so ZeRO can
+    re-partition them over a different number of ranks (`"checkpoint": {"load_universal": true}`). An MoE
+    checkpoint is converted by `convert_moe_checkpoint`, its experts laid out for `ep_size`.
+    """
+    from deepspeed.checkpoint import ds_to_universal
+
+    root = checkpoint_root(output_dir)
+    experts = has_experts(os.path.join(root, tag))
+    converted = f"{tag}-universal-ep{ep_size}" if experts else f"{tag}-universal"
+    error = None
+    if distributed.rank() == 0 and not os.path.isdir(os.path.join(root, converted)):
+        # written under another name and renamed when complete: an interrupted conversion is never loaded
+        partial = os.path.join(root, f"{converted}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        args = argparse.Namespace(input_folder=os.path.join(root, tag), output_folder=partial,
+                                  num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                  strict=True, inject_missing_state=False)
+        try:
+            if experts:
+                convert_moe_checkpoint(args.input_folder, partial, ep_size)
+            else:
+                ds_to_universal.main(args)
+            os.replace(partial, os.path.join(root, converted))
+            logger.info("converted %s to DeepSpeed's universal checkpoint %s", tag, converted)
+        except (AssertionError, RuntimeError, OSError, KeyError, ValueError) as e:
+            shutil.rmtree(partial, ignore_errors=True)
+            error = (f"checkpoint {tag!r} cannot be converted to DeepSpeed's universal format for another number "
+                     f"of processes or ep_size ({type(e).__name__}: {e})")
+    error = distributed.broadcast_object(error)  # every rank fails together, none waits for rank 0
+    if error:
+        raise CheckpointError(error)
+    return converted
+
+
+def check_param_groups(engine, universal_dir: str, tag: str) -> None:
+    """Refuse a universal checkpoint whose optimizer param groups do not pair with this run's: DeepSpeed's loader
+    pairs them by position, and a group without a partner would keep its fresh weights and moments, silently.
+    (MoE layers whose experts exceed one param group are grouped by ep_size: training/optim.py `moe_group_size`.)"""
+    saved = torch.load(os.path.join(universal_dir, "zero", "optimizer_state.pt"), map_location="cpu",
+                       weights_only=False)["param_groups"]
+    current = engine.optimizer.optimizer.param_groups
+    if len(saved) != len(current):
+        raise CheckpointError(f"checkpoint {tag!r} holds {len(saved)} optimizer param groups and this run's layout "
+                              f"{len(current)} (its MoE layers split into param groups by ep_size): resume on the "
+                              f"checkpoint's moe_ep_size, or one whose layers fit one param group each")

@@ -1,0 +1,91 @@
+"""What a run is, so that a checkpoint is resumed only by the run that wrote it (perhaps on another layout)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+
+from ... import distributed
+from ...data import EMBEDDED, tokenizer_identity
+from ...models import AdaptiveDSConfig
+from .storage import CheckpointError, checkpoint_root, read_run_state
+
+logger = logging.getLogger(__name__)
+
+# What may differ between a checkpoint and the run that resumes it (its files are then converted: manager.restore)
+LAYOUT_KEYS = ("world_size", "model.moe_ep_size")
+
+
+def run_identity(settings, world_size: int, rows_per_rank_step: int, config) -> dict:
+    """What a checkpoint must match to be resumed by this run (as it reads back from JSON)."""
+    identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
+                "tokenizer": tokenizer_identity(settings.data, settings.tokenizer),
+                "world_size": world_size, "rows_per_step": rows_per_rank_step * world_size,
+                "model": config.to_dict()}
+    return json.loads(json.dumps(identity))
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """One warning per process for `message` (a checkpoint is checked at start-up and again when it is loaded)."""
+    if distributed.rank() == 0:
+        logger.warning(message)
+
+
+def check_compatible(saved: dict, current: dict, where: str, allowed: tuple[str, ...] = ()) -> None:
+    """The checkpoint must come from the same model and batch layout as this run, except for the `allowed`
+    keys (`key` or `key.subkey`).
+
+    Prepared data's tokenizer is recorded by its hash (`tokenizer_identity`, "sha256:..."); an identity written
+    before that holds the --tokenizer string instead, which prepared data ignores. Such an identity (on the same
+    `data`, checked as any other key) is taken with one warning: which tokenizer it trained on cannot be checked."""
+    differences, unchecked = [], None
+    for key, value in current.items():
+        old = saved.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            differences += [f"{key}.{k} {old.get(k)!r} (this run: {v!r})" for k, v in value.items()
+                            if old.get(k) != v and k != "transformers_version" and f"{key}.{k}" not in allowed]
+        elif (key == "tokenizer" and isinstance(old, str) and isinstance(value, str) and value.startswith("sha256:")
+              and not old.startswith("sha256:") and old != EMBEDDED):
+            what = f"checkpoint {where!r}" if where else "the run identity in the output directory"
+            unchecked = (f"{what} records the tokenizer as --tokenizer {old!r}, as identities did before they "
+                         "recorded prepared data's tokenizer by its hash: taken as this run's prepared tokenizer, "
+                         "not checked")
+        elif old != value and key not in allowed:
+            differences.append(f"{key} {old!r} (this run: {value!r})")
+    if differences:
+        raise CheckpointError(f"checkpoint {where!r} does not match this run: {'; '.join(differences)}; "
+                              "use a new --output_dir or the original settings")
+    if unchecked:
+        _warn_once(unchecked)
+
+
+def changes_layout(saved: dict, current: dict) -> bool:
+    """Whether identity `current` runs on another number of processes or expert-parallel size than `saved`, so
+    the checkpoint loads through DeepSpeed's universal format."""
+    return (saved["world_size"] != current["world_size"]
+            or saved["model"].get("moe_ep_size", 1) != current["model"].get("moe_ep_size", 1))
+
+
+def with_new_model_fields(identity: dict) -> dict:
+    """`identity` with the model fields added to AdaptiveDSConfig since it was written, at what they mean for a
+    config without them (`AdaptiveDSConfig.from_dict`, the one place that decides it: a new option's default, or
+    the behaviour such a checkpoint was trained with), so that a new field alone does not block the resume."""
+    model = identity.get("model")
+    if not isinstance(model, dict):
+        return identity
+    completed = json.loads(json.dumps(AdaptiveDSConfig.from_dict(model).to_dict()))
+    return {**identity, "model": {**completed, **model}}
+
+
+def check_resumable(output_dir: str, tag: str, identity: dict) -> dict:
+    """Checkpoint `tag`'s run state, after checking that it belongs to this run (before anything is written)."""
+    saved = read_run_state(output_dir, tag)
+    where = os.path.join(checkpoint_root(output_dir), tag)
+    if "knobs" not in saved.get("controller", {}):
+        raise CheckpointError(f"checkpoint {where!r} was written by an older adaptive_ds (no controller knobs); "
+                              "resume it with that version or start a new --output_dir")
+    check_compatible(with_new_model_fields(saved["identity"]), identity, where, allowed=LAYOUT_KEYS)
+    return saved

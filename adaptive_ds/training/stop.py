@@ -1,0 +1,94 @@
+"""A stop request during training: SIGTERM (a preemptible machine's notice, a scheduler's) or SIGINT (Ctrl-C) saves
+the run instead of losing it, as Megatron's exit-signal handler and Lightning's SLURM requeue do.
+
+While the training loop runs, the signal only marks the request. At each step boundary every rank offers its mark
+to the others through a non-blocking all-reduce (started at one boundary, read at the next: no rank waits on it,
+and no host synchronisation of the device), so the ranks agree to stop at the same boundary, at most two steps
+after the signal reached any of them. The run then saves a checkpoint there, if the grace period since the signal
+has not passed and the weights are healthy, and ends with a line that says the same command resumes it. A second
+signal stops at once, as before the loop: the handler that was there before takes it.
+
+When a peer is gone (a launcher tearing a failed run down), the all-reduce fails like any collective, and the run
+ends with its lost-contact line without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from .. import distributed
+
+logger = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequested(Exception):
+    """The run stopped on a signal, as asked: `line` says where and how it resumes; exit with 128 + `signum`."""
+
+    def __init__(self, line: str, signum: int):
+        super().__init__(line)
+        self.line, self.signum = line, signum
+
+
+class StopRequest:
+    """Installs the marking handlers for SIGTERM and SIGINT while the training loop runs (`with StopRequest(...)`),
+    and answers, at each step boundary, whether every rank has agreed to stop (`agreed`)."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.signum: int | None = None  # the first signal this process received
+        self.received: float | None = None  # when (monotonic seconds)
+        self._previous: dict[int, object] = {}
+        self._group = None
+        self._offered: torch.Tensor | None = None
+        self._work = None
+        if distributed.world_size() > 1:
+            # a CPU (gloo) group, so that the agreement never waits on the device's stream
+            self._group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    def __enter__(self) -> StopRequest:
+        for signum in SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._mark)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _mark(self, signum: int, frame) -> None:
+        if self.signum is not None:  # a second signal: stop at once, as the handler before the loop does
+            self.__exit__()
+            previous = self._previous[signum]
+            if callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt
+        self.signum, self.received = signum, time.monotonic()
+        logger.warning("%s: the run saves a checkpoint at the next step boundary and stops (send it again to stop "
+                       "at once)", signal.Signals(signum).name)
+
+    def agreed(self) -> bool:
+        """Whether the ranks agree to stop at this boundary: every rank answers the same."""
+        if self._group is None and distributed.world_size() == 1:
+            return self.signum is not None
+        stop = False
+        if self._work is not None:
+            self._work.wait()  # started a step ago: long done
+            stop = bool(self._offered[0] > 0)
+        if not stop:
+            self._offered = torch.tensor([0 if self.signum is None else self.signum])
+            self._work = dist.all_reduce(self._offered, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        elif self.signum is None:  # another rank's signal: this one stops for it
+            self.signum = int(self._offered[0])
+        return stop
+
+    def within_grace(self) -> bool:
+        """Whether the grace period since the signal has not passed, as rank 0 sees it (every rank gets its
+        answer: the save that follows is collective)."""
+        fresh = self.received is None or time.monotonic() - self.received <= self.grace_s
+        return bool(distributed.broadcast_object(fresh))
