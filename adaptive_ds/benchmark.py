@@ -34,9 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import resource
 import shlex
 import statistics
+import sys
 import time
 from typing import NamedTuple
 
@@ -182,6 +184,23 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch
             "torch": torch.__version__, "deepspeed": deepspeed.__version__, "results": results, "ratios": ratios}
 
 
+def forget_peak_rss() -> None:
+    """Reset this process's resident high-water mark to its resident set now (Linux: /proc/self/clear_refs "5"), so
+    that a later peak is measured from here; elsewhere the peak stays the process's lifetime one."""
+    if os.path.exists("/proc/self/clear_refs"):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+
+def peak_rss() -> int:
+    """This process's resident high-water mark in bytes (since `forget_peak_rss` on Linux)."""
+    if os.path.exists("/proc/self/status"):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss if sys.platform == "darwin" else maxrss * 1024
+
+
 def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing: bool, vocab_size: int = 128,
                         steps: int = 2, experts: int | None = None) -> dict:
     """Peak memory of training steps of one of our models (`case`: one of GENERATION_CASES) through DeepSpeed
@@ -197,6 +216,7 @@ def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing:
 
     distributed.init_distributed()
     baseline = psutil.Process().memory_info().rss
+    forget_peak_rss()  # the peak measured is the model's and its training's, not one of start-up before it
     seq_len = PRESETS[preset].seq_len
     overrides = {**CASES[case].model, "moe_drop_tokens": False, **({"num_local_experts": experts} if experts else {})}
     arch = overrides.pop("arch")
@@ -213,7 +233,7 @@ def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing:
     if torch.cuda.is_available():
         measured = torch.cuda.max_memory_allocated()
     else:
-        measured = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
+        measured = peak_rss() - baseline
     predicted = plan(preset, arch, "h200", ds_config, vocab_size=vocab_size, activation_checkpointing=checkpointing,
                      model_overrides=overrides, cpu_process=not torch.cuda.is_available()).peak_gib
     command = (f"python -m adaptive_ds.benchmark --memory --preset {preset} --cases {case} --micro_batch {micro_batch}"

@@ -220,7 +220,10 @@ def test_default_config_is_the_debug_dense_run():
     from adaptive_ds.presets import PRESETS, model_config
     from adaptive_ds.training.arguments import parse
 
-    recipe = subprocess.run(["make", "-n", "train"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    outer = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")  # under `make test`, a make of its own, not a sub-make
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    recipe = subprocess.run(["make", "-n", "train"], cwd=ROOT, capture_output=True, text=True, check=True,
+                            env=env).stdout
     launcher, script, *argv = shlex.split(recipe.strip().splitlines()[-1])  # after setup's lines, if it is due
     assert launcher == ".venv/bin/deepspeed" and script == "launchers/train.py", recipe
     assert argv[0] == "--ds_config" and str(ROOT / argv[1]) == DEBUG_CPU and len(argv) == 2
