@@ -54,12 +54,12 @@ class ArchVariant:
     about: str = ""
 
 
-# The one table of variants, each named ARCH or ARCH:OPTION: `--variant NAME` of a training run,
-# `--variants NAME ...` of the grid (adaptive_ds/grid.py), `model_config(preset, arch, vocab, **VARIANTS[name].model)`
-# in code. The plain architecture names are what each architecture ships with: `model_config` applies their
-# overrides under any explicit one (a variant, `--model`), and AdaptiveDSConfig's own field defaults stay what they
-# always were (its docstring says why). A named variant names every field it sets, so that it keeps training what
-# it trained in the BENCHMARKS.md grids that named it when the architecture's defaults move.
+# The one table of variants, each named ARCH or ARCH:OPTION: `--variant NAME` of a training run, `--variants NAME ...`
+# of the grid (adaptive_ds/tools/grid.py), `model_config(preset, arch, vocab, **VARIANTS[name].model)` in code. The
+# plain architecture names are what each architecture ships with: `model_config` applies their overrides under any
+# explicit one (a variant, `--model`), and AdaptiveDSConfig's own field defaults stay what they always were (its
+# docstring says why). A named variant names every field it sets, so that it keeps training what it trained in the
+# BENCHMARKS.md grids that named it when the architecture's defaults move.
 VARIANTS: dict[str, ArchVariant] = {
     "dense": ArchVariant("dense", about="Llama-style decoder"),
     # 8 experts top-2 by definition (the preset's), capacity-limited training routing

@@ -10,9 +10,9 @@ import sys
 import pytest
 from conftest import ROOT, run_command
 
-from adaptive_ds import acceptance, report
-from adaptive_ds.acceptance import DRY_RUN_CASES, STAGES, TARGETS, failures, judge, summary_lines
-from adaptive_ds.benchmark import RATIOS
+from adaptive_ds.tools import acceptance, report
+from adaptive_ds.tools.acceptance import DRY_RUN_CASES, STAGES, TARGETS, failures, judge, summary_lines
+from adaptive_ds.tools.benchmark import RATIOS
 
 
 def _passing() -> dict:
@@ -233,7 +233,7 @@ def test_the_targets_are_the_rows_of_the_gpu_targets_table_in_benchmarks_md():
 def test_the_acceptance_command_dry_runs_every_stage_on_cpu(tmp_path):
     out, md = tmp_path / "acceptance.json", tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n")
-    done = run_command([sys.executable, "-m", "adaptive_ds.acceptance", "--dry_run", "--out", str(out),
+    done = run_command([sys.executable, "-m", "adaptive_ds.tools.acceptance", "--dry_run", "--out", str(out),
                         "--benchmarks_md", str(md)])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "dry run of every stage" in done.stderr

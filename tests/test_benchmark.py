@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import run_command
 
-from adaptive_ds.benchmark import CASES, RATIOS, measure_generation, run_benchmark, write_section
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.presets import VARIANTS, model_config
+from adaptive_ds.tools.benchmark import CASES, RATIOS, measure_generation, run_benchmark, write_section
 
 
 def test_benchmark_reports_every_case_and_ratio(tmp_path):
@@ -67,10 +67,10 @@ RUNTIME_GIB = 0.2
 def test_peak_memory_of_a_case_with_its_model_settings_is_near_the_planners_prediction(capsys, tmp_path):
     """Measured in a fresh process: on a CPU the peak is the process's resident high-water mark, which tests run
     before in this one would own. The hybrid case with 16 experts: its model states dominate."""
-    from adaptive_ds.benchmark import _ds_config, main
-    from adaptive_ds.plan import plan
+    from adaptive_ds.tools.benchmark import _ds_config, main
+    from adaptive_ds.tools.plan import plan
 
-    done = run_command([sys.executable, "-m", "adaptive_ds.benchmark", "--memory", "--preset", "debug", "--cases",
+    done = run_command([sys.executable, "-m", "adaptive_ds.tools.benchmark", "--memory", "--preset", "debug", "--cases",
                         "hybrid", "--micro_batch", "1", "--experts", "16", "--out", str(tmp_path)])
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(re.search(r"^\{$.*?^\}$", done.stdout, re.M | re.S).group())

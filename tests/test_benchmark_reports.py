@@ -8,8 +8,8 @@ import re
 
 from conftest import ROOT
 
-from adaptive_ds import benchmark
-from adaptive_ds.benchmark import generation_markdown, main, markdown
+from adaptive_ds.tools import benchmark
+from adaptive_ds.tools.benchmark import generation_markdown, main, markdown
 
 
 def _snapshot(directory) -> dict[str, bytes]:

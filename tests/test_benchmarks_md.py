@@ -13,13 +13,13 @@ import statistics
 import pytest
 from conftest import ROOT
 
-from adaptive_ds.acceptance import TARGETS
-from adaptive_ds.benchmark import CASES
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.flops import training_flops_per_token
 from adaptive_ds.hardware import DEVICES, gpu_key
 from adaptive_ds.presets import PRESETS, model_config
-from adaptive_ds.report import section_stem
+from adaptive_ds.tools.acceptance import TARGETS
+from adaptive_ds.tools.benchmark import CASES
+from adaptive_ds.tools.report import section_stem
 
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
 SECTIONS = dict(re.findall(r"^<!-- ([\w:.-]+) -->\n(.*?)\n<!-- /\1 -->$", BENCHMARKS, flags=re.S | re.M))
@@ -35,17 +35,17 @@ def _render(key: str, report: dict) -> str:
     """The section the command that wrote `report` renders from it."""
     kind = key.split(":")[0]
     if kind == "grid":
-        from adaptive_ds.grid_tables import markdown
+        from adaptive_ds.tools.grid_tables import markdown
     elif kind == "throughput":
-        from adaptive_ds.benchmark import markdown
+        from adaptive_ds.tools.benchmark import markdown
     elif kind == "generate":
-        from adaptive_ds.benchmark import generation_markdown as markdown
+        from adaptive_ds.tools.benchmark import generation_markdown as markdown
     elif kind == "data":
-        from adaptive_ds.data.benchmark import markdown
+        from adaptive_ds.tools.data_benchmark import markdown
     elif kind == "loss-breakdown":
-        from adaptive_ds.loss_breakdown import markdown
+        from adaptive_ds.tools.loss_breakdown import markdown
     elif kind == "acceptance":
-        from adaptive_ds.acceptance import markdown
+        from adaptive_ds.tools.acceptance import markdown
     else:
         raise AssertionError(f"BENCHMARKS.md section {key}: no command renders a section of this kind")
     return markdown(report)
@@ -136,7 +136,7 @@ def test_a_hand_edited_figure_or_a_missing_report_fails():
 
 
 def test_the_planner_sections_are_what_the_planner_renders(tmp_path):
-    from adaptive_ds.plan import write_benchmarks
+    from adaptive_ds.tools.plan import write_benchmarks
 
     copy = tmp_path / "BENCHMARKS.md"
     shutil.copy(ROOT / "BENCHMARKS.md", copy)

@@ -10,9 +10,9 @@ import shutil
 import pytest
 from conftest import ROOT
 
-from adaptive_ds.data import benchmark as data_benchmark
-from adaptive_ds.data.benchmark import main, markdown
-from adaptive_ds.plan import SCENARIOS, plan_config
+from adaptive_ds.tools import data_benchmark
+from adaptive_ds.tools.data_benchmark import main, markdown
+from adaptive_ds.tools.plan import SCENARIOS, plan_config
 
 
 def _snapshot(directory) -> dict[str, bytes]:

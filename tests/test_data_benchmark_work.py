@@ -8,8 +8,8 @@ import os
 import pytest
 from conftest import ROOT
 
-from adaptive_ds.data import benchmark as data_benchmark
-from adaptive_ds.data.benchmark import main
+from adaptive_ds.tools import data_benchmark
+from adaptive_ds.tools.data_benchmark import main
 
 SETTINGS = ["--files", "1", "--corpus_mb", "1", "--steps", "1"]
 

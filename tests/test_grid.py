@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT, write_ds_config
 from transformers import AutoModelForCausalLM
 
-from adaptive_ds.grid import (
+from adaptive_ds.presets import VARIANTS, ArchVariant, model_config
+from adaptive_ds.tools.grid import (
     PHASES,
     GridSpec,
     _parse_args,
@@ -24,8 +25,7 @@ from adaptive_ds.grid import (
     run_row,
     write_section,
 )
-from adaptive_ds.grid_tables import difference, markdown, plot, spread, verdict
-from adaptive_ds.presets import VARIANTS, ArchVariant, model_config
+from adaptive_ds.tools.grid_tables import difference, markdown, plot, spread, verdict
 from adaptive_ds.training.arguments import parse
 
 TRAINED = {"commit": "abc1234", "machine": "test CPU", "date": "2026-11-30"}
@@ -335,7 +335,7 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path):
 
 
 def test_a_section_is_written_into_a_new_file_and_replaced_in_place_later(tmp_path):
-    from adaptive_ds.report import replace_section
+    from adaptive_ds.markdown_sections import replace_section
 
     path = tmp_path / "new" / "B.md"
     path.parent.mkdir()
@@ -389,7 +389,7 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
     publish, under a section key and file names of its own (--name), recorded in the section's command."""
     from conftest import ROOT
 
-    from adaptive_ds.grid import _parse_args, specs
+    from adaptive_ds.tools.grid import _parse_args, specs
 
     monkeypatch.chdir(tmp_path)
     published = "grid_debug_embedded-hard.json"
@@ -432,7 +432,7 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
 def test_a_run_that_validated_off_the_logging_cadence_is_read_by_its_logged_steps(tmp_path):
     """eval_steps need not fall on log_steps: a step that only validated has a record without a train loss, and the
     run's loss curve is its logged steps."""
-    from adaptive_ds.grid import load_run
+    from adaptive_ds.tools.grid import load_run
 
     run_dir = str(tmp_path / "run")
     _finished_run(run_dir, "dense", 1)

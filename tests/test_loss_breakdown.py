@@ -15,9 +15,9 @@ from adaptive_ds.data import build_training_data, validation_namespace
 from adaptive_ds.data.embedded import COMPUTED, COPIED, NAME, NAME_LENGTH, RELATIONS, Document, block, fact_table
 from adaptive_ds.data.embedded import generate_document as generate
 from adaptive_ds.data.tokenizer import embedded_tokenizer
-from adaptive_ds.loss_breakdown import CATEGORIES, breakdown, category, statements_per_fact
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.presets import model_config
+from adaptive_ds.tools.loss_breakdown import CATEGORIES, breakdown, category, statements_per_fact
 
 
 def _expected_kinds(tokens: list[str]) -> list[str]:
@@ -200,19 +200,19 @@ def test_exposures_are_counted_on_the_blocks_training_reads(tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "adaptive_ds.loss_breakdown", "--models",
+    run = subprocess.run([sys.executable, "-m", "adaptive_ds.tools.loss_breakdown", "--models",
                           f"dense={tmp_path / 'nowhere'}", "--seed", "1"], capture_output=True, text=True)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1] == (f"loss_breakdown: --models dense={tmp_path / 'nowhere'}: no such "
                                                     "folder (give a trained run's final/ folder)")
-    run = subprocess.run([sys.executable, "-m", "adaptive_ds.loss_breakdown", "--models", "dense",
+    run = subprocess.run([sys.executable, "-m", "adaptive_ds.tools.loss_breakdown", "--models", "dense",
                           "--seed", "1"], capture_output=True, text=True)
     assert run.returncode == 2 and "expected NAME=FOLDER" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "adaptive_ds.loss_breakdown", "--models", f"a={tmp_path}",
+    run = subprocess.run([sys.executable, "-m", "adaptive_ds.tools.loss_breakdown", "--models", f"a={tmp_path}",
                           f"a={tmp_path}", "--seed", "1"], capture_output=True, text=True)
     assert run.returncode != 0 and run.stderr.strip().splitlines()[-1] == (
         "loss_breakdown: each --models NAME must be unique, got a, a")
-    run = subprocess.run([sys.executable, "-m", "adaptive_ds.loss_breakdown", "--models", f"a={tmp_path}",
+    run = subprocess.run([sys.executable, "-m", "adaptive_ds.tools.loss_breakdown", "--models", f"a={tmp_path}",
                           "--seed", "1", "--blocks", "0"], capture_output=True, text=True)
     assert run.returncode != 0 and run.stderr.strip().splitlines()[-1] == (
         "loss_breakdown: --blocks must be at least 1, got 0")
@@ -225,7 +225,7 @@ def test_the_breakdown_is_published_only_when_told(tmp_path, monkeypatch):
 
     from conftest import ROOT
 
-    from adaptive_ds.loss_breakdown import main, markdown
+    from adaptive_ds.tools.loss_breakdown import main, markdown
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "benchmarks").mkdir()

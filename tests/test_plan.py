@@ -10,12 +10,12 @@ import sys
 import pytest
 from conftest import ROOT
 
-from adaptive_ds.benchmark import CASES
 from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
 from adaptive_ds.hardware import DEVICES
-from adaptive_ds.plan import SCENARIOS, main, plan, plan_config, validation_markdown, validation_table
-from adaptive_ds.plan_advice import advise
 from adaptive_ds.presets import PRESETS
+from adaptive_ds.tools.benchmark import CASES
+from adaptive_ds.tools.plan import SCENARIOS, main, plan, plan_config, validation_markdown, validation_table
+from adaptive_ds.tools.plan_advice import advise
 
 
 def _ds(name):
@@ -37,7 +37,7 @@ def test_a_peak_measured_now_is_at_most_35_percent_above_the_prediction():
     (autograd, DeepSpeed's buffers, the allocator) and, in fp32, one logits-sized buffer more in the loss's backward
     than the planner's count, which weigh more in this small a peak than in debug_200m's (the stored rows above,
     BENCHMARKS.md `plan:validation`): hence a wider bound than theirs."""
-    code = ("import json, sys; from adaptive_ds.benchmark import measure_peak_memory; "
+    code = ("import json, sys; from adaptive_ds.tools.benchmark import measure_peak_memory; "
             "print(json.dumps(measure_peak_memory('debug', sys.argv[1], 4, False, vocab_size=32000)))")
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}  # each a process group of its own
     runs = {case: subprocess.Popen([sys.executable, "-c", code, case], cwd=ROOT, env=env, stdout=subprocess.PIPE,

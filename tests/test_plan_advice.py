@@ -8,8 +8,8 @@ import pytest
 from conftest import ROOT
 
 from adaptive_ds.hardware import DEVICES
-from adaptive_ds.plan import main, plan_ds_config
-from adaptive_ds.plan_advice import advise
+from adaptive_ds.tools.plan import main, plan_ds_config
+from adaptive_ds.tools.plan_advice import advise
 from adaptive_ds.training.arguments import parse
 
 

@@ -91,7 +91,7 @@ def _zipf(n: int) -> list[float]:
 
 
 # What a token is, where the grammar knows (`Document.kinds`), for breaking a model's loss down by what it must
-# do there (`adaptive_ds.loss_breakdown`). Every other token is "" (prose, tags, punctuation, relations, counts).
+# do there (`adaptive_ds.tools.loss_breakdown`). Every other token is "" (prose, tags, punctuation, relations, counts).
 NAME, FACT, COMPUTED, COPIED = "name", "fact", "computed", "copied"
 
 

@@ -389,6 +389,6 @@ def settings_markdown() -> str:
 
 def write_settings_table(path: str) -> None:
     """Regenerate the README's settings table between its ``<!-- settings -->`` markers."""
-    from ..report import replace_section
+    from ..markdown_sections import replace_section
 
     replace_section(path, "settings", settings_markdown(), "Run settings")

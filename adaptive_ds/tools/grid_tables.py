@@ -3,7 +3,7 @@
 `spread` (mean and sample standard deviation over seeds), `difference` (against the baseline, paired by seed
 where possible), `verdict` (better / worse only beyond two standard deviations), `aggregate` and `compare` (a
 whole grid's rows), `markdown` (the BENCHMARKS.md section) and `plot` (loss against FLOPs, tokens and seconds,
-mean over the seeds with their min..max band). adaptive_ds/grid.py trains the runs and reads their figures.
+mean over the seeds with their min..max band). adaptive_ds/tools/grid.py trains the runs and reads their figures.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .training.metrics import PhaseClock
+from ..training.metrics import PhaseClock
 
 PHASES = (*PhaseClock.PHASES, "other")
 # The budgets at which train losses are compared: (name, index in a curve point, label).

@@ -68,21 +68,3 @@ def write_report(out_dir: str, key: str, report: dict) -> str:
         json.dump(report, f, indent=2)
         f.write("\n")
     return path
-
-
-def replace_section(path: str, key: str, text: str, heading: str) -> None:
-    """Put `text` between ``<!-- KEY -->`` and ``<!-- /KEY -->`` in the Markdown file at `path`, replacing what
-    was there; a file without the markers gets them appended under `heading`, a missing file is created. Nothing
-    else is touched."""
-    start, end = f"<!-- {key} -->", f"<!-- /{key} -->"
-    content = "# Benchmarks\n"
-    if os.path.exists(path):
-        with open(path) as f:
-            content = f.read()
-    block = f"{start}\n{text}\n{end}"
-    if start in content:
-        content = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, content, flags=re.S)
-    else:
-        content = content.rstrip("\n") + f"\n\n## {heading}\n\n{block}\n"
-    with open(path, "w") as f:
-        f.write(content)

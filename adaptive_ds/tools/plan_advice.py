@@ -1,6 +1,6 @@
 """Advice for a plan that does not run: what does, each piece a whole ds_config planned again before it is offered.
 
-    from adaptive_ds.plan_advice import advise
+    from adaptive_ds.tools.plan_advice import advise
     for advice in advise("b1", "moe", "t4", ds_config):
         print(advice.text)          # the changes, the advised config's peak, the CPU RAM it needs beside the host's
         advice.ds_config            # the config that makes them: preset, arch, model and GPU count included
@@ -29,10 +29,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from . import ds_config as ds_config_reader
-from .models.configuration import AdaptiveDSConfig
+from .. import ds_config as ds_config_reader
+from ..models.configuration import AdaptiveDSConfig
+from ..presets import PRESETS
 from .plan import Plan, host_memory_text, model_facts, plan_ds_config
-from .presets import PRESETS
 
 MAX_GPUS = 4096  # the most GPUs advice considers for a config that does not fix its global batch
 
