@@ -2,7 +2,7 @@
 
     python -m adaptive_ds.generate MODEL "[arith] 7 * 8 =" --max_new_tokens 8 --temperature 0.8 --top_p 0.95
 
-MODEL is a save_pretrained folder (e.g. OUTPUT_DIR/final) or a checkpoint (see adaptive_ds.export).
+MODEL is a save_pretrained folder (e.g. OUTPUT_DIR/final) or a checkpoint (see adaptive_ds.export.convert).
 Generation uses the KV cache; temperature 0 is greedy.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from .export import load_any
+from .export.convert import load_any
 from .training.checkpoint import CheckpointError
 
 

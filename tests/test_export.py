@@ -7,7 +7,7 @@ import torch
 from conftest import run_command, tiny_config, write_ds_config
 from transformers import AutoModelForCausalLM
 
-from adaptive_ds.export import load_checkpoint, main, mixtral_incompatibility, to_llama, to_mixtral
+from adaptive_ds.export.convert import load_checkpoint, main, mixtral_incompatibility, to_llama, to_mixtral
 from adaptive_ds.generate import main as generate_main
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.training import train

@@ -8,8 +8,8 @@ from conftest import ROOT, free_port, run_command
 from helpers.hidden_packages import without
 from transformers import AutoTokenizer
 
+from adaptive_ds.export.final import save_with_code
 from adaptive_ds.models import ARCHITECTURES, AdaptiveDSForCausalLM
-from adaptive_ds.training.final import save_with_code
 
 FIXTURES = ROOT / "tests" / "fixtures" / "final"
 HELPER = ROOT / "tests" / "helpers" / "hf_trainer_finetune.py"

@@ -6,7 +6,7 @@ import shutil
 
 from conftest import write_ds_config
 
-from adaptive_ds.hub import HubPusher, model_card
+from adaptive_ds.export.hub import HubPusher, model_card
 from adaptive_ds.training import train
 
 

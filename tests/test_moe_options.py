@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import tiny_config, write_ds_config
 from transformers import AutoModelForCausalLM
 
-from adaptive_ds.export import mixtral_incompatibility, to_mixtral
+from adaptive_ds.export.convert import mixtral_incompatibility, to_mixtral
 from adaptive_ds.flops import training_flops_per_token
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models.moe import MoEFeedForward, route, update_routing_bias

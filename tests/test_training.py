@@ -10,7 +10,7 @@ import torch
 from conftest import DEBUG_CPU, ROOT, run_command, write_ds_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from adaptive_ds.export import main as export_main
+from adaptive_ds.export.convert import main as export_main
 from adaptive_ds.models import ARCHITECTURES
 from adaptive_ds.training import train
 from adaptive_ds.training.optim import parameter_groups, warmup_cosine

@@ -47,7 +47,7 @@ import torch
 
 from .. import distributed
 from ..data import build_training_data
-from ..export import load_any, to_llama, to_mixtral
+from ..export.convert import load_any, to_llama, to_mixtral
 from ..flops import training_flops_per_token
 from ..hardware import DEVICES, detect_device
 from ..markdown_sections import replace_section

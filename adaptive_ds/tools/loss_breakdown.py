@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from ..data import EMBEDDED_SOURCES, build_training_data, train_namespace, validation_namespace
 from ..data.embedded import COMPUTED, COPIED, FACT, NAME, NUM_ENTITIES, RELATIONS, TIERS, Document, block
-from ..export import load_any
+from ..export.convert import load_any
 from ..markdown_sections import replace_section
 from .report import check_markdown_path, check_name, commit, machine, write_report
 

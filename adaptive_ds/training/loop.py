@@ -35,14 +35,14 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from .. import distributed
 from ..data import build_training_data
 from ..ds_config import read as read_ds_config
-from ..hub import HubPusher, model_card
+from ..export import final
+from ..export.hub import HubPusher, model_card
 from ..models import AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts
 from . import checkpoint
 from .arguments import ConfigError, RunSettings, check_precision, parse
 from .controller import Action, Controller, StepReport, TrainingStopped, Verdict, WindowReport, controller_settings
 from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
-from .final import save_final
 from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
 from .output_dir import prepare_output_dir, write_identity
 from .stop import StopRequest, StopRequested
@@ -405,7 +405,7 @@ class Trainer:
                 logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
             elif self.checkpointer.last_saved != last_step and last_step > self.start_step:
                 self.checkpointer.save(last_step)
-            save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
+            final.save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
                        is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
         summary.update(self._summary_facts(summary, last_step, counts))
         self.metrics.close()
@@ -585,7 +585,7 @@ class Trainer:
         if not (self.settings.push_to_hub and self.settings.push_every_save):
             return
         staging = os.path.join(self.output_dir, "checkpoints", "hub_snapshot")
-        save_final(self.engine.module, self.data.tokenizer, staging, is_writer=self.rank == 0,
+        final.save_final(self.engine.module, self.data.tokenizer, staging, is_writer=self.rank == 0,
                    zero_stage=self.engine.zero_optimization_stage())
         if self.pusher:
             counts = parameter_counts(self.config)

@@ -21,7 +21,7 @@ from transformers.dynamic_module_utils import get_relative_import_files
 
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM, AdaptiveDSModel
 from ..models import modeling as modeling_module
-from .moe_adapter import expert_parallel_group
+from ..training.moe_adapter import expert_parallel_group
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ partitions of every rank, through DeepSpeed's zero_to_fp32) and the one file per
 checkpoint layout writes from every expert-parallel rank. Weights are exported in the precision the module
 trained in (fp32 from ZeRO-3). SRC for a conversion is a checkpoint or a `save_pretrained` folder.
 
-The adaptive_ds folder also carries the model's source files and an `auto_map` (`training.final.save_with_code`,
+The adaptive_ds folder also carries the model's source files and an `auto_map` (`export.final.save_with_code`,
 as `final/` does), so users with torch and transformers alone (no deepspeed, no adaptive_ds) load it with
 `trust_remote_code=True`.
 """
@@ -28,9 +28,9 @@ import torch
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
-from .models import AdaptiveDSConfig, AdaptiveDSForCausalLM
-from .training.checkpoint import CheckpointError, resolve_tag_dir
-from .training.final import save_with_code
+from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
+from ..training.checkpoint import CheckpointError, resolve_tag_dir
+from .final import save_with_code
 
 logger = logging.getLogger(__name__)
 

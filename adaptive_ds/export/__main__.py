@@ -1,0 +1,6 @@
+"""`python -m adaptive_ds.export SRC DST [--to llama|mixtral]`: see `adaptive_ds.export.convert`."""
+
+from .convert import main
+
+if __name__ == "__main__":
+    main()
