@@ -5,9 +5,9 @@
 On a CUDA machine (sized for one H200, each stage within its limit in `TIMEOUT_S`, DeepSpeed's op builds
 included), in this order:
 
-- gpu_tests: `pytest -m gpu tests/test_gpu.py`: the grouped GEMM against the per-expert path in bf16, fp16 under
-  DeepSpeed's loss scaler, bf16, a real CUDA out-of-memory under --gpu_memory_gib recovered in place, NCCL with one
-  process, ZeRO-2 with DeepSpeed's CPU Adam.
+- gpu_tests: `pytest -m gpu tests/integration/test_gpu.py`: the grouped GEMM against the per-expert path in bf16,
+  fp16 under DeepSpeed's loss scaler, bf16, a real CUDA out-of-memory under --gpu_memory_gib recovered in place,
+  NCCL with one process, ZeRO-2 with DeepSpeed's CPU Adam.
 - b1_t4: the training command on `ds_configs/b1_t4.json` for 30 steps under `--gpu_memory_gib 15` (a T4's memory),
   on the embedded corpus, with gradient accumulation 1 (the config's 64 would make every step 64 micro-batches long
   for the same figure: the peak is the micro-batch's, whatever the accumulation): peak allocated and reserved
@@ -34,8 +34,9 @@ working directory, which git ignores); a section of a Markdown file (with date, 
 Without CUDA the same command runs every stage at tiny sizes on CPU (debug preset, fp32, no offload, the GPU tests
 only collected, four benchmark cases, compiled with dynamo's eager backend), all in this one process: a check that
 the command still works, not a measurement; its targets are "not measured (dry run)" and it exits 0 when every
-stage completed. tests/test_acceptance.py runs it, checks the verdicts on made-up stage records, and runs a stage in
-its own process (`--stage`, what a CUDA machine runs).
+stage completed. tests/unit/test_acceptance.py checks the verdicts on made-up stage records;
+tests/integration/test_acceptance.py runs the dry run, and a stage in its own process (`--stage`, what a CUDA
+machine runs).
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ def _peak() -> dict:
 
 
 def stage_gpu_tests(dry: bool, workdir: Path) -> dict:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_gpu.py"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+               "tests/integration/test_gpu.py"]
     if dry:
         command.append("--collect-only")
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -181,7 +183,9 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
 def stage_benchmark(dry: bool, workdir: Path, micro_batch: int = 8) -> dict:
     from .benchmark import CASES, run_benchmark
 
-    if dry:  # one case of each kind (eager, compiled, routed); tests/test_benchmark.py runs every case on CPU
+    # a dry run: one case of each kind (eager, compiled, routed); tests/integration/test_benchmark.py runs every
+    # case on CPU
+    if dry:
         report = run_benchmark("debug", steps=1, rounds=1, warmup=1, micro_batch=2, precision="fp32",
                                cases=DRY_RUN_CASES, compile_backend="eager")
         report["ok"] = set(report["results"]) == set(DRY_RUN_CASES)

@@ -35,7 +35,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from .. import distributed
 from ..data import build_training_data
 from ..ds_config import read as read_ds_config
-from ..export import final
+from ..export import final  # the module, not its names: export.final imports training.moe_adapter in turn
 from ..export.hub import HubPusher, model_card
 from ..models import AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts

@@ -1,0 +1,50 @@
+"""`python -m adaptive_ds.acceptance` without CUDA: a dry run of every stage at tiny sizes on CPU, so the GPU
+acceptance command cannot rot unseen; and one stage in a process of its own, as a CUDA machine runs each."""
+
+import json
+import math
+import sys
+
+import pytest
+
+from adaptive_ds.tools import acceptance
+from adaptive_ds.tools.acceptance import DRY_RUN_CASES, STAGES, TARGETS
+
+
+@pytest.mark.slow
+def test_the_acceptance_command_dry_runs_every_stage_on_cpu(tmp_path, run_command):
+    out, md = tmp_path / "acceptance.json", tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n")
+    done = run_command([sys.executable, "-m", "adaptive_ds.tools.acceptance", "--dry_run", "--out", str(out),
+                        "--benchmarks_md", str(md)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "dry run of every stage" in done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "dry run: every stage completed; no target measured"
+    report = json.loads(out.read_text())
+    assert report["dry_run"] and list(report["stages"]) == list(STAGES)
+    stages = report["stages"]
+    assert all(stage["ok"] for stage in stages.values())
+    assert [v["verdict"] for v in report["targets"]] == ["not measured (dry run)"] * len(TARGETS)
+    assert "6 tests collected" in stages["gpu_tests"]["summary"]
+    assert stages["b1_t4"]["steps"] == 3 and math.isfinite(stages["b1_t4"]["train_loss"])
+    assert stages["b1_t4"]["ds_config"]["zero_optimization"]["stage"] == 2  # b1_t4.json's, less the offload
+    assert list(stages["benchmark"]["results"]) == DRY_RUN_CASES
+    assert stages["benchmark"]["results"]["dense_compile"]["graph_breaks"] == 0
+    assert len(stages["b7"]["losses"]) == 2 == stages["b7"]["finite_loss_steps"]
+    assert stages["b7"]["predicted_peak_gib"] > 0
+    text = md.read_text()
+    assert "<!-- acceptance:dry -->" in text and "dry run on CPU" in text and report["commit"] in text
+    assert "| dense debug_200m >= 45% MFU | benchmark | >= 45.0% | - | not measured (dry run) |" in text
+    assert "<!-- throughput:debug:cpu -->" in text
+
+
+@pytest.mark.slow
+def test_on_a_cuda_machine_a_stage_runs_in_its_own_process_and_reports_back(tmp_path, monkeypatch):
+    """The path a GPU run takes (a dry run without CUDA runs its stages in one process): here the cheapest stage,
+    b7's dry run, through `--stage` in a child process that sees no CUDA."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    result = acceptance._run_stage("b7", True, tmp_path, micro_batch=2)
+    assert result["ok"], result.get("error")
+    assert len(result["losses"]) == 2 and result["seconds"] > 0 and (tmp_path / "b7.json").exists()

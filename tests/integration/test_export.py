@@ -1,0 +1,91 @@
+"""Export from DeepSpeed checkpoints (ZeRO-3 shards gathered), remote-code loading without the package, bad
+input refused in one line, and generation from a checkpoint."""
+
+import json
+
+import pytest
+import torch
+from helpers.common import write_ds_config
+from transformers import AutoModelForCausalLM
+
+from adaptive_ds.export.convert import load_checkpoint, main
+from adaptive_ds.generate import main as generate_main
+from adaptive_ds.training import train
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("moe_run")
+    config = write_ds_config(tmp, zero_stage=2, arch="moe", max_steps=3, log_steps=3)
+    train(["--ds_config", config, "--output_dir", str(tmp / "run")])
+    return tmp / "run"
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model.eval()(input_ids=ids).logits
+
+
+def test_export_from_a_checkpoint_equals_the_final_model(moe_run, tmp_path):
+    out = tmp_path / "exported"
+    main([str(moe_run), str(out)])
+    assert (out / "model.safetensors").exists()
+    assert not list(out.glob("*.bin")) and not list(out.glob("*.pt"))
+    ids = torch.randint(5, 100, (2, 20))
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    final = AutoModelForCausalLM.from_pretrained(moe_run / "final")
+    torch.testing.assert_close(_logits(exported, ids), _logits(final, ids), rtol=0, atol=0)
+    model, tokenizer = load_checkpoint(str(moe_run / "checkpoints"))
+    assert tokenizer.eos_token == "<eos>" and model.config.moe_ep_size == 1
+
+
+def test_export_refuses_a_used_folder_and_a_non_checkpoint(moe_run, tmp_path):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("x")
+    with pytest.raises(SystemExit, match="already holds files"):
+        main([str(moe_run), str(used)])
+    with pytest.raises(SystemExit, match="is not a checkpoint"):
+        main([str(tmp_path), str(tmp_path / "new")])
+    assert (used / "keep.txt").read_text() == "x"
+
+
+@pytest.mark.slow
+def test_exported_folder_loads_with_remote_code_without_the_package(moe_run, tmp_path, run_command):
+    out = tmp_path / "exported"
+    main([str(moe_run), str(out)])
+    script = (
+        "import sys; sys.modules['adaptive_ds'] = None\n"  # the package cannot be imported
+        "import torch; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)\n"
+        f"t = AutoTokenizer.from_pretrained({str(out)!r})\n"
+        "ids = t('[count] 1 2 3', return_tensors='pt').input_ids\n"
+        "print(type(m).__module__, m.generate(ids, max_new_tokens=3, do_sample=False).shape[1])\n"
+    )
+    result = run_command(["python", "-c", script])
+    assert result.returncode == 0, result.stderr[-3000:]
+    module, length = result.stdout.split()[-2:]
+    assert not module.startswith("adaptive_ds") and length == "7"
+
+
+def test_generate_cli_samples_from_a_checkpoint(moe_run, capsys):
+    generate_main([str(moe_run / "final"), "[count] 3 4", "--max_new_tokens", "4", "--temperature", "0.8",
+                   "--top_k", "5", "--top_p", "0.9"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("[count] 3 4") and 3 < len(line.split()) <= 7  # generation may stop at <eos>
+
+
+@pytest.mark.slow
+def test_zero3_shards_are_gathered_for_final_and_export(tmp_path, run_command, tiny_ds_config):
+    config = tiny_ds_config(zero_stage=3, max_steps=2)
+    out = tmp_path / "run"
+    result = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config",
+                          config, "--output_dir", str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    main([str(out), str(tmp_path / "exported")])
+    final = AutoModelForCausalLM.from_pretrained(out / "final")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    summary = json.loads((out / "summary.json").read_text())
+    assert sum(p.numel() for p in final.parameters()) == summary["total_parameters"]
+    ids = torch.randint(5, 100, (1, 12))
+    torch.testing.assert_close(_logits(exported, ids), _logits(final, ids), rtol=0, atol=0)

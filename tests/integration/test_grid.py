@@ -1,0 +1,71 @@
+"""One real grid of one tiny run: reported, and kept untouched by a second invocation."""
+
+import json
+import os
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from adaptive_ds.tools.grid import (
+    GridSpec,
+    main,
+    parse_variant,
+    run_grid,
+)
+from adaptive_ds.tools.grid_tables import markdown
+
+
+def _files(directory) -> dict[str, tuple[int, int]]:
+    return {os.path.relpath(os.path.join(d, f), directory): (os.stat(os.path.join(d, f)).st_mtime_ns,
+                                                             os.path.getsize(os.path.join(d, f)))
+            for d, _, names in os.walk(directory) for f in names}
+
+
+@pytest.mark.slow  # one real training run, then a second invocation that keeps it and reports a failing run
+def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path, tiny_ds_config):
+    # a config that names C4 (as the GPU configs do): the grid trains on its own --data (the embedded corpus)
+    config = tiny_ds_config(micro=8, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
+    out, runs, md = str(tmp_path / "out"), str(tmp_path / "runs"), tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n")
+    main(["--variants", "mod", "--seeds", "1", "--tokens", "4096", "--ds_config", config, "--warmup_steps", "5",
+          "--price", "0.5", "--out", out, "--runs", runs, "--benchmarks_md", str(md)])
+    report = json.loads((tmp_path / "out" / "grid_debug_embedded.json").read_text())
+    (row,) = report["runs"]
+    run_dir = os.path.join(runs, row["run_dir"])  # recorded relative to --runs
+    total = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "final"))
+                .parameters())  # counted on the trained model itself
+    assert "<!-- grid:debug:embedded -->" in md.read_text() and f"\n| mod | {total:,} / " in md.read_text()
+    first = json.loads(open(os.path.join(run_dir, "metrics.jsonl")).readline())
+    # the run warmed up over 5 steps (the config says 1): the first step's learning rate is below the peak 3e-3
+    assert first["step"] == 1 and first["lr"] < 0.5 * 3e-3 and "--warmup_steps 5" in report["command"]
+    assert row["tokens"] == 4096 and not row["kept"] and row["validation_loss_se"] > 0
+    # mod is the paper's setting: 32 of 256 tokens run each routed block
+    assert row["skip_rate"] == pytest.approx(0.875) and row["flops_reduction"] > 0.4 and row["load_balance"] is None
+    assert row["topk_routing_loss"] is not None and row["loss_minus_floor"] > 0 and report["entropy_floor"] > 1
+    assert sum(row["time_breakdown_s"].values()) == pytest.approx(row["wall_time_s"])
+    assert 0.1 < row["peak_memory_gib"] < 8 and row["mfu"] is None and row["achieved_tflops"] > 0
+    assert report["commit"] != "unknown" and report["comparisons"] == {}  # no dense in this grid
+    for name in ("flops", "seconds", "tokens"):
+        assert (tmp_path / "out" / f"grid_debug_embedded_loss_vs_{name}.png").stat().st_size > 10_000
+    before = _files(run_dir)
+    # the same grid again, with a variant the trainer refuses, whose earlier attempt left a partial directory
+    # (through run_grid: the command would refuse this variant before training anything)
+    broken = parse_variant('dense+{"no_such_field": 1}')
+    spec = GridSpec("debug", (parse_variant("mod"), broken), (1,), 4096, config, warmup_steps=5)
+    partial = spec.run_dir(runs, broken, 1)
+    os.makedirs(partial)
+    open(os.path.join(partial, "metrics.jsonl"), "w").close()
+    again = run_grid(spec, out, runs)
+    assert _files(run_dir) == before and again["runs"][0]["kept"]  # not retrained, not rewritten
+    assert again["runs"][0]["validation_loss"] == row["validation_loss"]
+    (failure,) = again["failed"]
+    assert failure["variant"] == broken.name and failure["exit"] != 0
+    assert "unknown model field(s) no_such_field" in failure["log_tail"]
+    assert os.path.exists(os.path.join(f"{partial}.failed", "metrics.jsonl"))  # the earlier attempt, set aside
+    assert "unknown model field(s) no_such_field" in markdown(again)
+    # --report_only: the finished run is reported, the unfinished one neither trained nor set aside again
+    cut = run_grid(GridSpec("debug", (parse_variant("mod"), parse_variant("dense")), (1,), 4096, config,
+                            warmup_steps=5), out, runs, report_only=True)
+    assert [r["variant"] for r in cut["runs"]] == ["mod"] and cut["not_run"] == [{"variant": "dense", "seed": 1}]
+    assert not os.path.exists(spec.run_dir(runs, parse_variant("dense"), 1)) and cut["failed"] == []
+    assert "Not run (reported with `--report_only`, the grid cut short): `dense` seed 1." in markdown(cut)

@@ -1,0 +1,52 @@
+"""A run that has to stop ends with its one line: when SIGTERM and a data loader worker's death race each other
+during a launcher's teardown, and when the rendezvous port is taken by something else on the machine."""
+
+import socket
+import sys
+
+import pytest
+
+SIGTERM_LINE = ("error: stopped by SIGTERM (a launcher stops every process when one fails{}) before training began; "
+                "rerun the same command to start again (no checkpoint was saved yet)")
+
+
+@pytest.mark.parametrize("order, line", [
+    ("sigterm_first", SIGTERM_LINE.format("")),
+    ("worker_first", SIGTERM_LINE.format("; a data loader worker got it first")),
+])
+def test_sigterm_and_a_dead_loader_worker_together_end_with_one_line(order, line, run_command):
+    """tests/helpers/stop_race.py holds both signals back and releases them in a fixed order, so each order of the
+    race is run for real every time: the run's line, alone on stderr, never a traceback or nothing."""
+    result = run_command([sys.executable, "tests/helpers/stop_race.py", order], timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [line], result.stderr[-3000:]
+
+
+def _held_port() -> socket.socket:
+    """A listening socket on a free port, as another run's rendezvous store would be."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    return holder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["deepspeed", "python"])
+def test_a_busy_rendezvous_port_is_reported_with_the_flag_that_picks_another(launcher, tmp_path, run_command,
+                                                                             tiny_ds_config):
+    out = tmp_path / "run"
+    args = ["launchers/train.py", "--ds_config", tiny_ds_config(), "--output_dir", str(out)]
+    with _held_port() as holder:
+        port = holder.getsockname()[1]
+        if launcher == "deepspeed":
+            result = run_command(["deepspeed", "--master_port", str(port), "--num_gpus", "1", *args], timeout=300)
+            choice = "deepspeed's --master_port"
+        else:
+            result = run_command([sys.executable, *args], timeout=300, MASTER_PORT=str(port))
+            choice = "the MASTER_PORT environment variable"
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert lines == [f"error: the rendezvous port {port} is in use (another run on this machine?); pick another "
+                     f"with {choice}"], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "lost contact" not in result.stderr
+    assert not out.exists()

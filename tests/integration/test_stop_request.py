@@ -1,0 +1,92 @@
+"""SIGTERM during training in the training command's own process, on one process and on two (every rank signalled,
+as a scheduler signals a job): the run saves at the next step boundary and stops with a line that says the same
+command resumes it, and the resumed run's losses are the uninterrupted run's; loader workers ignore the signals
+their process decides on."""
+
+import json
+import signal
+import sys
+
+import pytest
+from helpers.common import ROOT, write_ds_config
+from helpers.fake_engine import EngineLog, FakeEngine, FakeFaults
+
+from adaptive_ds.training import loop, train
+from adaptive_ds.training.checkpoint import latest_tag
+
+FAULTS_SCRIPT = str(ROOT / "tests" / "helpers" / "train_with_faults.py")
+TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "intermediate_size": 64}
+
+
+def _losses(out) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r}
+
+
+class _Signal(FakeFaults):
+    """The stand-in engine's faults, and a signal sent to this process before some steps."""
+
+    def __init__(self, log, signals: dict[int, int], **faults):
+        super().__init__(log, **faults)
+        self.signals = dict(signals)
+
+    def before_step(self, trainer, step):
+        super().before_step(trainer, step)
+        if step in self.signals:
+            signal.raise_signal(self.signals.pop(step))
+
+
+def _fake_run(tmp_path, hooks, *args, **block):
+    config = write_ds_config(tmp_path, 4, 2, **{"max_steps": 10, "warmup_steps": 1, "log_steps": 5,
+                                               "data_workers": 0, "model": TINY, **block})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "build_engine", lambda *a, **k: FakeEngine(*a, **k, log=hooks.log))
+        return train(["--ds_config", config, "--output_dir", str(tmp_path / "run"), *args], hooks=hooks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_training_command_saves_on_sigterm_and_resumes_where_it_stopped(tmp_path, processes, run_command,
+                                                                            tiny_ds_config):
+    """The real engine, every rank signalled before step 3 (no periodic save): the ranks agree on one boundary (the
+    step itself on one process, the next on two: the agreement is read one step after it is offered), save there,
+    exit 143; the same command resumes and its losses are the uninterrupted run's, bit for bit."""
+    config = tiny_ds_config(2, 2, max_steps=6, log_steps=1, warmup_steps=1)
+    launcher = ["torchrun", "--nproc_per_node", "2"] if processes == 2 else [sys.executable]
+    reference, out = tmp_path / "reference", tmp_path / "run"
+    done = run_command([*launcher, FAULTS_SCRIPT, "{}", "--ds_config", config, "--output_dir", str(reference)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    faults = json.dumps({"signal_before_step": 3})
+    done = run_command([*launcher, FAULTS_SCRIPT, faults, "--ds_config", config, "--output_dir", str(out)])
+    stop_step = 3 if processes == 1 else 4
+    line = f"stopped by SIGTERM at step {stop_step}, saved; rerun the same command to resume from step {stop_step}"
+    assert line in done.stderr.splitlines(), done.stderr[-3000:]
+    assert (done.returncode == 128 + signal.SIGTERM) if processes == 1 else done.returncode != 0
+    assert latest_tag(str(out)) == f"step{stop_step:08d}" and not (out / "summary.json").exists()
+    done = run_command([*launcher, "launchers/train.py", "--ds_config", config, "--output_dir", str(out)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == stop_step
+    assert _losses(out) == _losses(reference)
+
+
+def test_a_loader_worker_ignores_the_signals_its_process_decides_on(tmp_path):
+    """A scheduler signals the whole process group: the data loader's workers must not die of it before the
+    training process has saved."""
+    log = EngineLog()
+    workers_ignore = []
+
+    class Check(_Signal):
+        def before_step(self, trainer, step):
+            if step == 2:
+                import psutil
+
+                for child in psutil.Process().children():
+                    status = open(f"/proc/{child.pid}/status").read()
+                    ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1],
+                                  16)
+                    workers_ignore.append(all(ignored >> (s - 1) & 1 for s in (signal.SIGTERM, signal.SIGINT)))
+            super().before_step(trainer, step)
+
+    _fake_run(tmp_path, Check(log, {}), max_steps=3, data_workers=1)
+    assert workers_ignore and all(workers_ignore)

@@ -1,0 +1,231 @@
+"""Every figure of BENCHMARKS.md's generated sections comes from a file: each measured section is its JSON report
+under benchmarks/ rendered by the command that wrote it (a section without its report, or a number edited by
+hand, fails), each report's tokens/s agree with its own raw figures and stay under its hardware's peak for the
+FLOPs it counts, the planner's sections are what the planner renders now, and the prose between the sections states
+no figure that a section does not hold."""
+
+import json
+import math
+import re
+import shutil
+import statistics
+
+import pytest
+from helpers.common import ROOT
+
+from adaptive_ds.data.tokenizer import embedded_tokenizer
+from adaptive_ds.flops import training_flops_per_token
+from adaptive_ds.hardware import DEVICES, gpu_key
+from adaptive_ds.presets import PRESETS, model_config
+from adaptive_ds.tools.acceptance import TARGETS
+from adaptive_ds.tools.benchmark import CASES
+from adaptive_ds.tools.report import section_stem
+
+BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
+SECTIONS = dict(re.findall(r"^<!-- ([\w:.-]+) -->\n(.*?)\n<!-- /\1 -->$", BENCHMARKS, flags=re.S | re.M))
+# Rendered by the planner from its model of memory and speed (and its table of measured peaks, each row naming its
+# source), not from one run's report: checked against what the planner renders now.
+PLANNER = ("plan:validation", "plan:projections")
+MEASURED = [key for key in SECTIONS if key not in PLANNER]
+# A bound no CPU core reaches: 4 GHz x 2 FMA units x 16 fp32 lanes (AVX-512) x 2 FLOPs, per core.
+CPU_CORE_PEAK_TFLOPS = 4e9 * 2 * 16 * 2 / 1e12
+
+
+def _render(key: str, report: dict) -> str:
+    """The section the command that wrote `report` renders from it."""
+    kind = key.split(":")[0]
+    if kind == "grid":
+        from adaptive_ds.tools.grid_tables import markdown
+    elif kind == "throughput":
+        from adaptive_ds.tools.benchmark import markdown
+    elif kind == "generate":
+        from adaptive_ds.tools.benchmark import generation_markdown as markdown
+    elif kind == "data":
+        from adaptive_ds.tools.data_benchmark import markdown
+    elif kind == "loss-breakdown":
+        from adaptive_ds.tools.loss_breakdown import markdown
+    elif kind == "acceptance":
+        from adaptive_ds.tools.acceptance import markdown
+    else:
+        raise AssertionError(f"BENCHMARKS.md section {key}: no command renders a section of this kind")
+    return markdown(report)
+
+
+def _report(key: str) -> dict:
+    path = ROOT / "benchmarks" / f"{section_stem(key)}.json"
+    if not path.exists() and key.startswith("throughput:") and key.endswith(":gpu"):
+        # the GPU acceptance command writes the throughput section from its own report's benchmark stage
+        acceptance = ROOT / "benchmarks" / "acceptance_gpu.json"
+        if acceptance.exists():
+            return json.loads(acceptance.read_text())["stages"]["benchmark"]
+    assert path.exists(), f"BENCHMARKS.md section {key} has no report benchmarks/{path.name}: its figures are unbacked"
+    return json.loads(path.read_text())
+
+
+def _peak_tflops(report: dict) -> float:
+    """The peak of the hardware a report names: its GPUs' (the hardware table), or a bound on its CPU cores."""
+    gpu = report.get("gpu")
+    if gpu:
+        return DEVICES[gpu].peak_tflops
+    cores = re.search(r"(\d+) cores", report["machine"])
+    assert cores and "no GPU" in report["machine"], f"a report without a known device: {report['machine']!r}"
+    return int(cores.group(1)) * CPU_CORE_PEAK_TFLOPS
+
+
+@pytest.mark.parametrize("key", MEASURED)
+def test_each_measured_section_is_its_committed_report_rendered(key):
+    section = SECTIONS[key]
+    assert "Measured" in section and "commit" in section and "`python -m adaptive_ds." in section, key
+    assert section == _render(key, _report(key)), (
+        f"BENCHMARKS.md section {key} differs from its report rendered; regenerate it from "
+        f"benchmarks/{section_stem(key)}.json, or rerun its command")
+
+
+def test_the_measured_sections_are_there():
+    kinds = {key.split(":")[0] for key in MEASURED}
+    assert {"grid", "throughput"} <= kinds and "grid:debug:embedded-hard" in MEASURED
+
+
+@pytest.mark.parametrize("key", [key for key in MEASURED if key.startswith("grid:")])
+def test_grid_tokens_per_s_are_the_runs_own_and_under_the_peak(key):
+    report = _report(key)
+    peak = _peak_tflops(report)
+    for row in report["runs"]:
+        busy = row["time_breakdown_s"]["data"] + row["time_breakdown_s"]["train"]
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / busy, rel=1e-9), row["variant"]
+        assert row["tokens_per_s"] * (row["training_flops"] / row["tokens"]) / 1e12 < peak, row["variant"]
+    for name, result in report["results"].items():  # what the section shows: the mean over the variant's seeds
+        seeds = [r["tokens_per_s"] for r in report["runs"] if r["variant"] == name]
+        assert result["tokens_per_s"]["mean"] == pytest.approx(statistics.mean(seeds), rel=1e-9), name
+
+
+@pytest.mark.parametrize("key", [key for key in MEASURED if key.split(":")[0] in ("throughput", "generate")])
+def test_benchmark_tokens_per_s_are_the_rounds_own_and_under_the_peak(key):
+    report = _report(key)
+    peak = _peak_tflops(report) if "no GPU" in report["machine"] else DEVICES[gpu_key(report["device"])].peak_tflops
+    vocab = len(embedded_tokenizer())
+    for name, result in report["results"].items():
+        assert result["tokens_per_s"] == pytest.approx(statistics.median(result["rounds"]), rel=1e-9), name
+        overrides = {k: v for k, v in CASES[name].model.items() if k != "arch"}
+        config = model_config(report["preset"], CASES[name].model["arch"], vocab, moe_drop_tokens=False, **overrides)
+        # every token through every block: at least what a routed model computes
+        flops = training_flops_per_token(config, PRESETS[report["preset"]].seq_len)
+        if key.startswith("throughput:"):
+            if name.split("_")[0] in ("dense", "hf", "moe"):  # no MoD routing: the FLOPs are the config's
+                assert result["flops_per_token"] == pytest.approx(flops, rel=1e-9), name
+            assert result["tokens_per_s"] * result["flops_per_token"] / 1e12 < peak, name
+        else:  # generation: a forward pass, a third of a training step's FLOPs at most
+            assert result["tokens_per_s"] * flops / 3 / 1e12 < peak, name
+    for ratio, value in report["ratios"].items():
+        a, b = ratio.split("/")
+        assert value == pytest.approx(report["results"][a]["tokens_per_s"] / report["results"][b]["tokens_per_s"])
+
+
+def test_a_hand_edited_figure_or_a_missing_report_fails():
+    """The check above would catch what it exists for: a tokens/s figure doubled in the text, and a section whose
+    report is not committed."""
+    key = next(k for k in MEASURED if k.startswith("grid:"))
+    section, report = SECTIONS[key], _report(key)
+    mean = report["results"]["dense"]["tokens_per_s"]["mean"]
+    shown = f"{mean:,.0f}"
+    assert f"| dense | {shown} " in section
+    doubled = section.replace(f"| dense | {shown} ", f"| dense | {2 * mean:,.0f} ", 1)
+    assert doubled != _render(key, report)
+    with pytest.raises(AssertionError, match="has no report"):
+        _report("grid:debug:embedded-hard:no-such-grid")
+
+
+def test_the_planner_sections_are_what_the_planner_renders(tmp_path):
+    from adaptive_ds.tools.plan import write_benchmarks
+
+    copy = tmp_path / "BENCHMARKS.md"
+    shutil.copy(ROOT / "BENCHMARKS.md", copy)
+    write_benchmarks(str(copy))
+    assert copy.read_text() == BENCHMARKS, "regenerate them: python -m adaptive_ds.plan --write BENCHMARKS.md"
+
+
+def test_projections_are_labelled_and_stay_under_the_gpu_peak():
+    section = SECTIONS["plan:projections"]
+    assert "not measurements" in section
+    presets = re.findall(r"\*\*(\w+)\*\*", section)
+    tables = [block for block in re.findall(r"(?:^\|.*\|\n?)+", section, flags=re.M)]
+    assert presets == ["debug_200m", "b1", "b7"] and len(tables) == len(presets)
+    for preset, table in zip(presets, tables, strict=True):
+        lines = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()]
+        header, rows = lines[0], lines[2:]
+        bound, projected = header.index("tokens/s bound"), header.index("projected tokens/s")
+        for row in rows:
+            gpus, gpu = re.match(r"(\d+) x (\w+),", row[header.index("hardware, config")]).groups()
+            config = model_config(preset, row[0], 32000)
+            flops = training_flops_per_token(config, PRESETS[preset].seq_len)
+            limit = int(gpus) * DEVICES[gpu].peak_tflops * 1e12 / flops
+            number = [float(re.sub(r"[^0-9.]", "", row[i])) for i in (projected, bound)]
+            assert number[0] <= number[1] <= limit * 1.001 and not math.isnan(number[0]), (preset, row[0], gpu)
+
+
+# The prose (BENCHMARKS.md outside the generated sections, their markers, inline code and fenced code) states no
+# figure of its own: each one it states appears, as written, in a generated section, so regenerating a section cannot
+# leave the prose holding an old figure, and no figure is worked out by hand (a ratio, a difference, a rounding).
+# A figure is a number written as a measurement: with a decimal point or an exponent (1.8656, 7.12e+12, 1.1B), with
+# thousands separators (14,358), as a percentage (87.5%), a ratio (1.07x, 6x) or a dollar amount ($0.09), or followed
+# by a unit of time, memory or rate (38.5 training seconds, 40 h, 15 GiB, 100 tokens/s). Any other plain integer is
+# a count or a setting named by the runs' commands, not a figure: 3 seeds, 2 cores, 8 experts, 489 optimizer steps,
+# 500k tokens. The GPU targets' thresholds (12 GiB, 1.3x) are requirements, allowed as `TARGETS` states them (the
+# targets table is TARGETS' names: tests/unit/test_acceptance.py).
+NUMBER = re.compile(
+    r"(?<![\w.$])(?P<dollar>\$)?(?P<number>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*(?:e[+-]?\d+)?[kMBT]?)"
+    r"(?![\w.,]\d)(?P<unit>%|x\b|\s?(?:GiB|GB|MB|s|ms|seconds?|training seconds|minutes?|hours?|h|days?|"
+    r"tokens/s|TFLOP/s)(?![\w/]))?")
+
+
+def _figures(text: str) -> set[str]:
+    """The figures `text` states, each as its digits are written (sign, unit and magnitude words aside)."""
+    found = set()
+    for match in NUMBER.finditer(text):
+        number = match.group("number")
+        if match.group("dollar") or match.group("unit") or re.search(r"[.,e]", number):
+            found.add(number)
+    return found
+
+
+def _prose(text: str) -> str:
+    """`text` with its generated sections, fenced code and inline code blanked (their line breaks kept, so every
+    line keeps its number)."""
+    def blank(match: re.Match) -> str:
+        return "\n" * match.group(0).count("\n")
+
+    text = re.sub(r"^<!-- ([\w:.-]+) -->\n.*?\n<!-- /\1 -->$", blank, text, flags=re.S | re.M)
+    text = re.sub(r"^```.*?^```", blank, text, flags=re.S | re.M)
+    return re.sub(r"`[^`]*`", blank, text)  # an inline code span may run over a line break
+
+
+def _unbacked(text: str) -> list[str]:
+    sections = dict(re.findall(r"^<!-- ([\w:.-]+) -->\n(.*?)\n<!-- /\1 -->$", text, flags=re.S | re.M))
+    # every number a section or a target shows, figure or not (a table cell's "833" under a tokens/s header)
+    held = {m.group("number") for text in [*sections.values(), *(t.name for t in TARGETS)]
+            for m in NUMBER.finditer(text)}
+    return [f"line {number}: {figure}" for number, line in enumerate(_prose(text).splitlines(), start=1)
+            for figure in sorted(_figures(line) - held)]
+
+
+def test_the_prose_states_only_figures_the_sections_hold():
+    assert _unbacked(BENCHMARKS) == [], "state these as a section holds them, or cite the section's row instead"
+
+
+@pytest.mark.parametrize(("prose", "figures"), [
+    ("tokens/s 14,358 against 13,214", {"14,358", "13,214"}), ("1.07x, 6x the parameters", {"1.07", "6"}),
+    ("0.097 ± 0.034 nats", {"0.097", "0.034"}), ("ends 44% lower", {"44"}), ("7.12e12 FLOPs", {"7.12e12"}),
+    ("an independent 1.10B Llama", {"1.10B"}), ("$0.09/hour", {"0.09"}), ("39 s, 40 h, 15 GiB", {"39", "40", "15"}),
+    ("3 seeds on 2 cores, 8 experts, 489 optimizer steps, 500k tokens at 2M", set()),
+    ("b1 on an H200, top-2 of x86_64, ZeRO-3, fp16, 8 x 2048 tokens, embedded:hard", set()),
+])
+def test_what_counts_as_a_figure(prose, figures):
+    assert _figures(prose) == figures
+
+
+def test_a_figure_the_sections_do_not_hold_is_named_with_its_line():
+    key = "throughput:debug:cpu"
+    section = f"<!-- {key} -->\n{SECTIONS[key]}\n<!-- /{key} -->"
+    prose = "Dense is 1.07x transformers' Llama, and 1.11x its eager speed."
+    text = f"# T\n\n{section}\n\n{prose}\n"
+    assert _unbacked(text) == [f"line {text.splitlines().index(prose) + 1}: 1.11"]

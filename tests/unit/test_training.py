@@ -1,0 +1,101 @@
+"""Training's pieces without the engine: weight-decay and MoE param groups, the learning-rate and MoD capacity
+schedules, the phase clock, and DeepSpeed's op builds with the environment's ninja."""
+
+import os
+import sys
+
+import pytest
+
+from adaptive_ds.training.optim import parameter_groups, warmup_cosine
+
+
+def test_weight_decay_skips_norms_and_experts_get_moe_groups(tiny_config):
+    from adaptive_ds.models import AdaptiveDSForCausalLM
+
+    model = AdaptiveDSForCausalLM(tiny_config("moe"))
+    groups = parameter_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in groups:
+        for p in group["params"]:
+            if p.ndim < 2:
+                assert group["weight_decay"] == 0.0
+            assert group.get("moe", False) == ("deepspeed_experts" in names[id(p)])
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_mod_capacity_anneals_from_one_to_the_target():
+    from adaptive_ds.training.controller import mod_capacity_at
+
+    assert [mod_capacity_at(s, 0.5, 10) for s in (0, 5, 10, 50)] == [1.0, 0.75, 0.5, 0.5]
+    assert mod_capacity_at(0, 0.5, 0) == 0.5
+
+
+def test_schedule_warms_up_linearly_then_decays_to_the_floor():
+    f = warmup_cosine(10, 110, 0.1)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
+
+
+class _FakeClock:
+    """time.perf_counter and time.time for PhaseClock: they move only when the test advances them."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_phase_clock_charges_nested_phases_to_the_inner_one(monkeypatch):
+    from adaptive_ds.training import metrics
+    from adaptive_ds.training.metrics import PhaseClock
+
+    clock = _FakeClock()
+    monkeypatch.setattr(metrics.time, "perf_counter", clock)
+    phases = PhaseClock()
+    clock.advance(1.0)  # no phase: "other"
+    with phases.phase("setup"):
+        clock.advance(2.0)
+        with phases.phase("data"):
+            clock.advance(5.0)
+            with phases.phase("train"):
+                clock.advance(7.0)
+            clock.advance(0.5)
+        clock.advance(0.25)
+    with phases.phase("data"):  # a phase opened again adds to its total
+        clock.advance(3.0)
+    assert phases.seconds == {"setup": 2.25, "data": 8.5, "train": 7.0, "checkpoint": 0.0, "eval": 0.0}
+    assert phases.breakdown() == {**phases.seconds, "other": 1.0, "total": 18.75}
+    with pytest.raises(ValueError, match="unknown phase 'io'; one of setup, data, train, checkpoint, eval"):
+        with phases.phase("io"):
+            pass
+    assert phases.breakdown()["total"] == 18.75
+
+
+def test_the_phase_clock_counts_start_up_as_setup(monkeypatch):
+    from adaptive_ds.training import metrics
+    from adaptive_ds.training.metrics import PhaseClock
+
+    clock = _FakeClock()
+    monkeypatch.setattr(metrics.time, "perf_counter", clock)
+    monkeypatch.setattr(metrics.time, "time", lambda: 1000.0)  # epoch seconds now: the process began 5 s ago
+    phases = PhaseClock(process_started=995.0)
+    clock.advance(2.0)
+    assert phases.seconds["setup"] == 5.0 and phases.breakdown() == {**phases.seconds, "other": 2.0, "total": 7.0}
+
+
+def test_every_process_builds_deepspeeds_ops_with_the_environments_ninja(monkeypatch):
+    """Two ninjas (pip's in the virtualenv, a system one) record builds differently: a process finding the other
+    one rebuilds DeepSpeed's shm op. Ours put the environment's first, however they were started."""
+    from adaptive_ds.distributed import use_this_environments_ninja
+
+    bin_dir = os.path.dirname(sys.executable)
+    assert os.path.exists(os.path.join(bin_dir, "ninja"))  # pip's ninja, a DeepSpeed dependency
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    use_this_environments_ninja()
+    assert os.environ["PATH"] == f"{bin_dir}:/usr/bin:/bin"
+    use_this_environments_ninja()  # already first: unchanged
+    assert os.environ["PATH"] == f"{bin_dir}:/usr/bin:/bin"
