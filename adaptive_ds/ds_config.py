@@ -21,10 +21,33 @@ class ConfigError(ValueError):
     """Bad user input: one line that names the problem and the valid choices."""
 
 
+# The configs that ship with the package (package data): the repository's ds_configs/ is this folder.
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_configs")
+
+
+def shipped() -> list[str]:
+    """The file names of the shipped configs."""
+    return sorted(name for name in os.listdir(SHIPPED_DIR) if name.endswith(".json"))
+
+
+def resolve(path: str) -> str:
+    """The file a `--ds_config` names: the path itself where it exists; otherwise a shipped config named by its file
+    name alone (b1_t4.json) or as the repository's commands write it (ds_configs/b1_t4.json), so that they run from
+    any working directory, an installed wheel's included. Anything else is returned as given (`load` names it)."""
+    if os.path.isfile(path):
+        return path
+    name = os.path.basename(path)
+    if os.path.normpath(path) in (name, os.path.join("ds_configs", name)) and name in shipped():
+        return os.path.join(SHIPPED_DIR, name)
+    return path
+
+
 def load(path: str) -> dict:
-    """The JSON object in the ds_config file at `path`."""
+    """The JSON object in the ds_config file that `path` names (see `resolve`)."""
+    given, path = path, resolve(path)
     if not os.path.isfile(path):
-        raise ConfigError(f"ds_config {path!r} does not exist; pass a JSON file such as ds_configs/debug_cpu.json")
+        raise ConfigError(f"ds_config {given!r} does not exist; pass a JSON file, or the name of a shipped config: "
+                          f"{', '.join(shipped())}")
     try:
         with open(path) as f:
             config = json.load(f)

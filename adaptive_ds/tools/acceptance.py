@@ -64,7 +64,9 @@ from ..hardware import DEVICES
 
 logger = logging.getLogger(__name__)
 
+# The GPU tests are the repository's (a checkout, or an editable install of one): a wheel ships no tests.
 ROOT = Path(__file__).resolve().parents[2]
+GPU_TESTS = "tests/integration/test_gpu.py"
 GIB = 2**30
 STAGES = ("gpu_tests", "b1_t4", "benchmark", "b7")
 # Wall-clock limits per stage on the GPU machine (guards: a hung stage ends and the others still run) and in a dry
@@ -116,11 +118,11 @@ MET, MISSED, FIGURE_MISSING = "met", "missed", "not measured (figure missing)"
 
 
 def _ds_config(name: str, dry: bool, micro_batch: int | None = None) -> dict:
-    """A ds_config from ds_configs/ with gradient accumulation 1. Dry run: no fp16/bf16 and no optimizer offload
-    (DeepSpeed's fp16 needs CUDA; its CPU Adam is a C++ build a dry run has no use for), torch's AdamW."""
-    from ..ds_config import load  # the same ds_config reader as training
+    """A shipped ds_config with gradient accumulation 1. Dry run: no fp16/bf16 and no optimizer offload (DeepSpeed's
+    fp16 needs CUDA; its CPU Adam is a C++ build a dry run has no use for), torch's AdamW."""
+    from ..ds_config import SHIPPED_DIR, load  # the same ds_config reader as training
 
-    config = load(str(ROOT / "ds_configs" / name))
+    config = load(os.path.join(SHIPPED_DIR, name))
     micro = micro_batch or config["train_micro_batch_size_per_gpu"]
     config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=1, train_batch_size=micro)
     if dry:
@@ -141,8 +143,11 @@ def _peak() -> dict:
 
 
 def stage_gpu_tests(dry: bool, workdir: Path) -> dict:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
-               "tests/integration/test_gpu.py"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", GPU_TESTS]
+    if not (ROOT / GPU_TESTS).is_file():
+        return {"command": shlex.join(command[2:]), "ok": False,
+                "error": f"{GPU_TESTS} is not beside the package (an installed wheel ships no tests): run the stage "
+                         "from a checkout of the repository, or pass --stages b1_t4 benchmark b7"}
     if dry:
         command.append("--collect-only")
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -259,7 +264,7 @@ def _run_stage(name: str, dry: bool, workdir: Path, micro_batch: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+        done = subprocess.run(command, env=env, capture_output=True, text=True,
                               timeout=DRY_TIMEOUT_S if dry else TIMEOUT_S[name])
         error = None if done.returncode == 0 else done.stderr[-3000:]
     except subprocess.TimeoutExpired:

@@ -35,6 +35,7 @@ from ..data import build_training_data
 from ..data.docstrings import Build, default_roots, records
 from ..data.prepare import PrepareArguments, prepare
 from ..data.streaming import StreamingData
+from ..ds_config import SHIPPED_DIR
 from ..markdown_sections import replace_section
 from ..presets import PRESETS
 from .plan import SCENARIOS, plan_config
@@ -171,7 +172,7 @@ def _streaming_resume(corpus: str, tokenizer, at: tuple[int, int]) -> dict[str, 
     return times
 
 
-def gpu_needs(config_dir: str = "ds_configs") -> list[dict]:
+def gpu_needs(config_dir: str = SHIPPED_DIR) -> list[dict]:
     """The planner's projected tokens/s of every shipped GPU config (`adaptive_ds.tools.plan.SCENARIOS`)."""
     needs = []
     for preset, archs, gpu, config in SCENARIOS:

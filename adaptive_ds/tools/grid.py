@@ -160,7 +160,7 @@ class GridSpec:
         settings of its architecture that its overrides leave standing), so that a grid re-run keeps exactly the
         runs it would train again and no others: a change of an architecture's entry in presets.VARIANTS trains anew
         what it changes."""
-        with open(self.ds_config, "rb") as f:
+        with open(ds_config_reader.resolve(self.ds_config), "rb") as f:
             key = json.dumps(self.training_args(variant, seed)).encode() + f.read()
         defaults = {k: v for k, v in VARIANTS[variant.arch].model.items() if k not in variant.model}
         if defaults:  # absent, the key is what it was before the defaults existed: those runs are still kept
@@ -412,7 +412,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", default=EMBEDDED, help="as the training's --data: embedded, local files, a prepared "
                                                      "directory, ...")
     p.add_argument("--tokenizer", help="as the training's --tokenizer (text data)")
-    p.add_argument("--ds_config", default="ds_configs/debug_cpu.json")
+    p.add_argument("--ds_config", default="ds_configs/debug_cpu.json",
+                   help="as the training's --ds_config: a path, or the name of a shipped config (debug_cpu.json)")
     p.add_argument("--warmup_steps", type=int,
                    help="learning-rate warm-up of every run (default: the ds_config's; a GPU config's 2000 steps "
                         "are meant for its 20000)")

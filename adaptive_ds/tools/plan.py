@@ -380,7 +380,7 @@ def _host_column(p: Plan) -> str:
     return f"{p.cpu_states_gib:.1f} of {p.host_memory_gib:.0f} GiB{over}"
 
 
-def projections_markdown(config_dir: str = "ds_configs", mfu: float = 0.35) -> str:
+def projections_markdown(config_dir: str = ds_config_reader.SHIPPED_DIR, mfu: float = 0.35) -> str:
     """The projected tables of BENCHMARKS.md, one per preset, each followed by what runs instead of its rows that
     do not."""
     from .plan_advice import advise  # it plans through this module
@@ -488,7 +488,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arch", default="dense", choices=["dense", "moe", "mod", "hybrid"])
     p.add_argument("--gpu", choices=GPUS)
     p.add_argument("--gpus", type=int, help="GPUs (default: what the ds_config's batch sizes imply, else 1)")
-    p.add_argument("--ds_config", help="DeepSpeed config (default: fp16, ZeRO-2, micro-batch 1)")
+    p.add_argument("--ds_config", help="DeepSpeed config: a path, or the name of a shipped config (b1_t4.json) "
+                                       "(default: fp16, ZeRO-2, micro-batch 1)")
     p.add_argument("--tokens", type=int, help="token budget (default: 20 x total parameters)")
     p.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed for the projection")
     p.add_argument("--price", type=float, help="$ per GPU-hour (default: the table in adaptive_ds/hardware.py)")
@@ -500,14 +501,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     from .plan_advice import advise  # it plans through this module
 
-    if args.write:
-        if not os.path.isfile(args.write):
-            raise SystemExit(f"error: {args.write!r} not found; pass the path of BENCHMARKS.md")
-        write_benchmarks(args.write)
-        return
-    if args.validate:
-        print(json.dumps(validation_table(), indent=2))
-        return
+    try:  # both read the measured peaks in the repository's benchmarks/
+        if args.write:
+            if not os.path.isfile(args.write):
+                raise SystemExit(f"error: {args.write!r} not found; pass the path of BENCHMARKS.md")
+            write_benchmarks(args.write)
+            return
+        if args.validate:
+            print(json.dumps(validation_table(), indent=2))
+            return
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
     if not args.preset or not args.gpu:
         p.error("--preset and --gpu are required (or --validate)")
     try:

@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     """`--ds_config`, a flag per RunSettings field (unset flags are None: the block's value stands), `--ep_size`."""
     p = argparse.ArgumentParser(description="Train an adaptive_ds model through the DeepSpeed engine.")
     p.add_argument("--ds_config", default=os.environ.get(ACCELERATE_DS_CONFIG),
-                   help="DeepSpeed JSON config with an optional 'adaptive_ds' block (default under `accelerate "
+                   help="DeepSpeed JSON config with an optional 'adaptive_ds' block: a path, or the name of a shipped "
+                        "config (debug_cpu.json, b1_t4.json, ...: adaptive_ds/ds_configs) (default under `accelerate "
                         "launch`: the deepspeed_config_file of its config)")
     hints = _types(RunSettings)
     for f in fields(RunSettings):
@@ -323,8 +324,8 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     """The run's settings (block, then flags) and the ds_config DeepSpeed gets (without our block)."""
     args = build_parser().parse_args(argv)
     if args.ds_config is None:
-        raise ConfigError("no --ds_config given (and no deepspeed_config_file from accelerate); pass one of "
-                          "ds_configs/*.json")
+        raise ConfigError("no --ds_config given (and no deepspeed_config_file from accelerate); pass a JSON file, "
+                          f"or the name of a shipped config: {', '.join(ds_config_reader.shipped())}")
     ds_config = copy.deepcopy(ds_config_reader.load(args.ds_config))
     block = ds_config.pop(NAMESPACE, {})
     settings = _settings_from_block(block, args.ds_config)

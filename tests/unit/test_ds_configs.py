@@ -11,7 +11,7 @@ from adaptive_ds import ds_config as reader
 from adaptive_ds.presets import PRESETS, model_config, parameter_counts
 from adaptive_ds.training.arguments import ConfigError, check_precision, parse
 
-CONFIGS = sorted((ROOT / "ds_configs").glob("*.json"))
+CONFIGS = sorted((ROOT / "adaptive_ds" / "ds_configs").glob("*.json"))  # shipped with the package
 DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "gradient_clipping", "optimizer", "scheduler", "zero_optimization", "fp16", "bf16",
                   "steps_per_print", "wall_clock_breakdown", "activation_checkpointing", "checkpoint"}

@@ -263,7 +263,8 @@ def test_the_command_refuses_bad_variants_seeds_configs_and_presets(tmp_path, ca
         main(["--ds_config", config, "--variants", "mod", "--data", "/nowhere/x.jsonl"])
     with pytest.raises(SystemExit, match=r"seed\(s\) 2 given twice"):
         main(["--ds_config", config, "--seeds", "1", "2", "2"])
-    with pytest.raises(SystemExit, match="ds_config .*none.json' does not exist; pass a JSON file such as ds_configs/"):
+    with pytest.raises(SystemExit, match="ds_config .*none.json' does not exist; pass a JSON file, or the name of a "
+                                         "shipped config: b1_a100.json, "):
         main(["--ds_config", str(tmp_path / "none.json")])
     half = tmp_path / "half.json"
     half.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True},
