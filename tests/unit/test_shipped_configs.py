@@ -67,3 +67,17 @@ def test_the_planner_and_the_acceptance_run_read_the_shipped_configs(tmp_path, m
     assert config["gradient_accumulation_steps"] == 1 and config["zero_optimization"]["stage"] == 2
     assert "`b1_t4.json`" in plan.projections_markdown()  # every shipped GPU config, planned
     assert {need["config"] for need in data_benchmark.gpu_needs()} >= {"b1_t4.json", "b7_8gpu.json"}
+
+
+def test_what_only_a_checkout_holds_is_refused_in_one_line_where_it_is_absent(tmp_path, monkeypatch):
+    """An installed wheel holds the configs but not the repository's tests and measured peaks: the acceptance run's
+    GPU-tests stage and the planner's validation say so in one line (the other stages and plans still run)."""
+    monkeypatch.setattr(acceptance, "ROOT", tmp_path)  # where an installed package has no tests/ beside it
+    result = acceptance.stage_gpu_tests(dry=True, workdir=tmp_path)
+    assert not result["ok"] and result["error"].startswith(f"{acceptance.GPU_TESTS} is not beside the package")
+    assert "--stages b1_t4 benchmark b7" in result["error"] and "\n" not in result["error"]
+    monkeypatch.setattr(plan, "BENCHMARKS_DIR", tmp_path / "benchmarks")
+    monkeypatch.setattr(plan, "EXTERNAL", tmp_path / "benchmarks" / "external")
+    with pytest.raises(SystemExit, match=r"^error: no external reference figures .* from a checkout of the "
+                                         r"repository$"):
+        plan.main(["--validate"])
