@@ -120,7 +120,8 @@ def _load_data(settings: RunSettings, seq_len: int):
 
 
 def _command() -> str:
-    return shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
+    """The command line that started this process (the program by its name: `train.py`, `adaptive-ds train`)."""
+    return " ".join([os.path.basename(sys.argv[0]), shlex.join(sys.argv[1:])]).strip()
 
 
 class Trainer:

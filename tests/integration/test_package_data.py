@@ -1,5 +1,6 @@
 """The package as a wheel: it holds the shipped ds_configs, and installed from it alone (no repository beside it),
-the planner and the acceptance run read a shipped config by its name from any working directory."""
+the planner, the acceptance run and the `adaptive-ds` console script read a shipped config by its name from any
+working directory."""
 
 import json
 import os
@@ -61,3 +62,8 @@ def test_the_wheel_ships_the_configs_and_the_installed_package_reads_them_by_nam
     assert facts["b1_t4"] == str(site / "adaptive_ds" / "ds_configs" / "b1_t4.json")
     assert facts["zero_stage"] == 2
     assert "b1 dense on 1 x t4" in done.stdout
+    # the wheel's console script, the same plan through the one entry point
+    done = subprocess.run([str(site / "bin" / "adaptive-ds"), "plan", "--preset", "b1", "--gpu", "t4", "--ds_config",
+                           "b1_t4.json"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("b1 dense on 1 x t4")
