@@ -97,3 +97,13 @@ def test_every_module_path_the_docs_and_reports_cite_runs():
             assert spec is not None, f"{module} has no __main__"
         source = open(spec.origin).read()
         assert re.search(r'^if __name__ == "__main__":\n', source, flags=re.M), f"{module} runs nothing"
+
+
+def test_tests_take_shared_fixtures_from_conftest_and_helpers_as_modules():
+    """Shared set-up is a fixture of tests/conftest.py (or a plain helper in tests/helpers/): no test imports
+    conftest, and every test file is under tests/unit or tests/integration."""
+    tests = ROOT / "tests"
+    importing = [p.relative_to(ROOT).as_posix() for p in sorted(tests.rglob("*.py"))
+                 if re.search(r"^\s*(from conftest import|import conftest)", p.read_text(), flags=re.M)]
+    assert importing == []
+    assert {p.relative_to(tests).parts[0] for p in tests.rglob("test_*.py")} == {"unit", "integration"}
