@@ -107,3 +107,17 @@ def test_tests_take_shared_fixtures_from_conftest_and_helpers_as_modules():
                  if re.search(r"^\s*(from conftest import|import conftest)", p.read_text(), flags=re.M)]
     assert importing == []
     assert {p.relative_to(tests).parts[0] for p in tests.rglob("test_*.py")} == {"unit", "integration"}
+
+
+def test_a_unit_test_starts_no_process_and_builds_no_engine():
+    """tests/unit/conftest.py refuses both at the call, so a test that needs them fails until it moves to
+    tests/integration."""
+    import multiprocessing
+    import subprocess
+
+    import deepspeed
+
+    for call in (lambda: subprocess.run(["true"]), lambda: multiprocessing.Process(target=print).start(),
+                 lambda: deepspeed.initialize(model=None)):
+        with pytest.raises(AssertionError, match="it belongs in tests/integration"):
+            call()
