@@ -4,6 +4,7 @@ DeepSpeed engine: tests/unit/conftest.py refuses both); tests/integration runs t
 
 import os
 import shutil
+import signal
 import tempfile
 from functools import partial
 
@@ -35,6 +36,21 @@ if _WORKERS > 1:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+_PROCESS_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGALRM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers():
+    """Each test leaves the process's signal handlers as it found them, whatever it ran in-process (the training
+    command installs its own) and however it ended: a handler left behind changes how every later test's child
+    processes die."""
+    handlers = {signum: signal.getsignal(signum) for signum in _PROCESS_SIGNALS}
+    yield
+    for signum, handler in handlers.items():
+        if signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -91,6 +92,12 @@ _worker_tokenizer = None
 
 
 def _init_worker(tokenizer_dir: str) -> None:
+    """A pool worker's start. Pool.terminate() ends the workers with SIGTERM, and a Python handler inherited from the
+    calling process (the training command installs one) would only note the signal: the pool would then wait on its
+    workers forever. So SIGTERM is the default again here, and SIGINT is left to the calling process, which
+    terminates the pool."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _worker_tokenizer
     _worker_tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
 

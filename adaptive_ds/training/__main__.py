@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import signal
 import sys
+from typing import NoReturn
 
 import psutil
 
@@ -80,12 +81,20 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
         except (Terminated, RuntimeError):
             continue
     if isinstance(stop, StopRequested):  # stopped as asked, and saved: the exit status a signal gives
-        print(stop.line, file=sys.stderr)
-        sys.exit(128 + stop.signum)
+        _end(stop.line, 128 + stop.signum)
     line = _one_line(stop)
     if line is None:
         raise stop
-    sys.exit(line)
+    _end(line, 1)
+
+
+def _end(line: str, status: int) -> NoReturn:
+    """Exit with `status` after writing `line` in one write: every rank ends with its line on the launcher's shared
+    stderr, and print() or sys.exit(line) write the text and its newline apart, so two ranks' lines could run
+    together ("...step 4error: ...")."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    raise SystemExit(status)
 
 
 def _one_line(error: BaseException) -> str | None:

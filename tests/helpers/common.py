@@ -6,8 +6,10 @@ Tests take the fixtures of tests/conftest.py (`tiny_config`, `tiny_ds_config`, `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -81,3 +83,18 @@ def run_command(args: list[str], timeout: int = 600, **env) -> subprocess.Comple
     full_env = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                 "PYTHONUNBUFFERED": "1", **env}
     return subprocess.run(args, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def ends_within(seconds: int):
+    """Fails the test (instead of hanging it) if the block is still running after `seconds`."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

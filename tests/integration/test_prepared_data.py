@@ -6,11 +6,14 @@ import gzip
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
-from helpers.common import logged_losses, run_command, write_ds_config
+from helpers.common import ROOT, logged_losses, run_command, write_ds_config
 from helpers.corpora import DOCS, prepared, write_c4
 from transformers import AutoTokenizer
 
@@ -136,6 +139,39 @@ def test_training_from_prepared_shards_writes_the_contract(tmp_path, tiny_ds_con
     assert summary["data_skipped"] == {}
     with pytest.raises(ValueError, match="prepared for seq_len 256, this run's preset has 128"):
         PreparedData([(1.0, out)], 128, 0)
+
+
+_FAILING_PREPARE = """
+import pathlib, signal, sys
+sys.path.insert(0, "tests")
+from helpers.corpora import prepared
+from adaptive_ds.data import prepare
+
+def disk_full(self, *args):
+    raise OSError(28, "No space left on device")
+
+prepare._ShardWriter.write = disk_full
+signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as the training command has one
+try:
+    prepared(pathlib.Path(sys.argv[1]))
+except OSError as error:
+    sys.exit(f"failed as it should: {error}")
+"""
+
+
+def test_a_prepare_that_fails_ends_in_a_process_that_handles_sigterm_itself(tmp_path):
+    """The training command installs a Python SIGTERM handler before it prepares a corpus. When the prepare fails
+    (here: the disk is full at the first write), the pool is terminated while its workers wait on their queue: with
+    the inherited handler they outlived SIGTERM and the pool waited on them forever. Run in a process group of its
+    own, so that a hang is killed whole."""
+    proc = subprocess.Popen([sys.executable, "-c", _FAILING_PREPARE, str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the failed prepare never ended: its pool waited on workers that outlived SIGTERM")
+    assert proc.returncode == 1 and "failed as it should: [Errno 28] No space left on device" in err, err[-2000:]
 
 
 def test_bad_records_are_skipped_and_counted_and_a_truncated_file_ends_early(tmp_path):
