@@ -35,8 +35,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
     with: ``mod_capacity`` 0.5 and ``mod_layer_interval`` 1 (every block) stay, so a config built directly and a
     saved config.json or checkpoint identity that lacks these fields (``from_dict``) keep meaning the model they
     described. The settings an architecture ships with (``mod``: 12.5% capacity in every other block, measured best
-    in BENCHMARKS.md) are ``adaptive_ds.presets.ARCH_DEFAULTS``, which ``model_config`` applies under explicit
-    overrides.
+    in BENCHMARKS.md) are the plain variants of ``adaptive_ds.presets.VARIANTS``, which ``model_config`` applies
+    under explicit overrides.
     """
 
     model_type = "adaptive_ds"
@@ -86,6 +86,12 @@ class AdaptiveDSConfig(PreTrainedConfig):
     # then reported but not added to the loss.
     moe_balancing: str = "aux_loss"
     moe_bias_update_rate: float = 1e-3  # gamma: the bias step per optimizer step (with moe_balancing "bias")
+    # Top-1 only (k >= 2 is always renormalised over its choices): False weighs a token's expert output by its raw
+    # gate probability (Switch Transformer); True renormalises it over its one choice, as Mixtral's rule gives for
+    # k = 1: the weight is exactly 1 in the forward pass, with the probability's gradient (straight-through, Bengio
+    # et al. 2013, arXiv 1308.3432), so the LM loss still trains the router. A dense model upcycled to top-1 (the
+    # hybrid's default) turns it on: identical experts then give the dense output.
+    moe_renormalize_top1: bool = False
     router_aux_loss_coef: float = 0.01
     router_z_loss_coef: float = 0.001
     # Mixture of Depths (arch mod / hybrid). What a config without them means, not what mod ships with (above).
@@ -98,6 +104,12 @@ class AdaptiveDSConfig(PreTrainedConfig):
     mod_causal_routing: str = "router"
     mod_predictor_hidden_size: int = 64  # the predictor's MLP width (mod_causal_routing "predictor")
     mod_predictor_loss_coef: float = 1.0  # weight of the causal-routing BCE loss (router's or predictor's)
+    # How a routed token's block update is scaled (mod.py): False by sigmoid(router logit), as the architecture
+    # ships; True by a straight-through scale, exactly 1 in the forward pass with sigmoid's gradient (Bengio et al.
+    # 2013, arXiv 1308.3432), so that a block every token runs is the plain block. A dense model retrofitted with
+    # MoD (--init_from DENSE --arch mod / hybrid) turns it on: at capacity 1.0, or with set_mod_routing("all"), the
+    # model then computes the dense function.
+    mod_straight_through: bool = False
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
@@ -169,6 +181,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
             found.append("moe_balancing 'bias' needs moe_dispatch 'indexed' (DeepSpeed's gate has no routing bias)")
         if self.moe_bias_update_rate < 0:
             found.append(f"moe_bias_update_rate must be >= 0, got {self.moe_bias_update_rate}")
+        if self.moe_renormalize_top1 and self.moe_dispatch == "deepspeed":
+            found.append("moe_renormalize_top1 needs moe_dispatch 'indexed' (DeepSpeed's top-1 gate weighs by the "
+                         "gate probability)")
         if self.moe_drop_tokens and self.moe_capacity_factor <= 0:
             found.append(f"moe_capacity_factor must be > 0 with moe_drop_tokens (or set moe_drop_tokens false for "
                          f"dropless routing), got {self.moe_capacity_factor}")
