@@ -1,5 +1,5 @@
 """Generated sections of a Markdown file: the text between ``<!-- KEY -->`` and ``<!-- /KEY -->``, rewritten by the
-command that generates it (the README's settings table, BENCHMARKS.md's measured and projected sections)."""
+command that generates it (the settings table of docs/training.md, BENCHMARKS.md's measured and projected sections)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Run settings: the ds_config's block and the flags parsed and validated as a whole, every problem named in one
-line, named variants and their old spellings, and the README's settings table generated from the dataclass."""
+line, named variants and their old spellings, and docs/training.md's settings table generated from the dataclass."""
 
 import json
 import re
@@ -57,13 +57,13 @@ def test_flags_that_only_the_block_had_before_override_it(tmp_path):
     assert untouched.compile is True and untouched.log_steps == 20
 
 
-def test_the_readme_holds_the_generated_settings_table():
-    readme = (ROOT / "README.md").read_text()
-    table = re.search(r"<!-- settings -->\n(.*?)\n<!-- /settings -->", readme, flags=re.S)
-    assert table, "README.md has no <!-- settings --> section"
+def test_the_training_page_holds_the_generated_settings_table():
+    page = (ROOT / "docs" / "training.md").read_text()
+    table = re.search(r"<!-- settings -->\n(.*?)\n<!-- /settings -->", page, flags=re.S)
+    assert table, "docs/training.md has no <!-- settings --> section"
     assert table.group(1) == settings_markdown(), (
-        "README.md's settings table is stale; run: python -c \"from adaptive_ds.training.arguments import "
-        "write_settings_table; write_settings_table('README.md')\"")
+        "docs/training.md's settings table is stale; run: python -c \"from adaptive_ds.training.arguments import "
+        "write_settings_table; write_settings_table('docs/training.md')\"")
     rows = [line for line in table.group(1).splitlines()[2:]]
     assert len(rows) == len(fields(RunSettings))
     assert "| `max_steps` / `--max_steps` | integer | `100` |" in table.group(1)

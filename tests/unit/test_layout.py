@@ -81,6 +81,7 @@ def test_an_old_tool_path_is_an_alias_that_runs_the_tools_main(alias, tool):
 
 def _cited_modules() -> set[str]:
     texts = [(ROOT / "README.md").read_text(), (ROOT / "BENCHMARKS.md").read_text(), (ROOT / "Makefile").read_text()]
+    texts += [p.read_text() for p in sorted([*(ROOT / "docs").glob("*.md"), *(ROOT / "examples").glob("*.*")])]
     texts += [json.dumps(json.loads(p.read_text())) for p in sorted((ROOT / "benchmarks").rglob("*.json"))]
     return {m for text in texts for m in re.findall(r"python -m (adaptive_ds[\w.]*)", text)}
 

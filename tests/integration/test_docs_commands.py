@@ -1,0 +1,78 @@
+"""The commands the docs show do what they say: each `make` target a page shows is valid (`make -n`), and each
+fenced block tagged `bash run` in README.md and docs/ runs verbatim, in a directory of its own (the blocks of one
+page in order, sharing it), and exits 0. tests/unit/test_docs.py parses every command first."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.common import ROOT
+
+from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w+) ?(\w*)\n(.*?)^```$", flags=re.S | re.M)
+
+
+def _blocks(tag: str) -> dict[str, list[str]]:
+    return {p.relative_to(ROOT).as_posix(): [body for lang, t, body in FENCE.findall(p.read_text())
+                                            if lang == "bash" and t == tag] for p in PAGES}
+
+
+def _make_targets() -> list[str]:
+    targets = set()
+    for bodies in _blocks("check").values():
+        for body in bodies:
+            for line in body.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:1] == ["make"]:
+                    targets.update(w for w in words[1:] if not w.startswith("-") and "=" not in w)
+    return sorted(targets)
+
+
+@pytest.mark.parametrize("target", _make_targets())
+def test_each_make_target_the_docs_show_is_valid(target):
+    outer = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")  # under `make test`, a make of its own, not a sub-make
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    done = subprocess.run(["make", "-n", *shlex.split(target)], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip(), f"make -n {target} runs nothing"
+
+
+def test_the_make_targets_are_found():
+    assert {"train", "test"} <= set(_make_targets())
+
+
+def _run_block(body: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    """`body` as a bash script in `cwd`, with the test's Python first on PATH; the whole process group is killed if
+    it outlives `timeout`."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", body], cwd=cwd, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"still running after {timeout} s:\n{output[-3000:]}") from None
+    return subprocess.CompletedProcess(body, process.returncode, output)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [page for page, bodies in _blocks("run").items() if bodies])
+def test_the_runnable_blocks_of_a_page_run(page, tmp_path):
+    """As a user runs them from the repository's root: launchers/ and ds_configs/ beside, runs/ and data/ new."""
+    for name in ("launchers", "ds_configs"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    for body in _blocks("run")[page]:
+        done = _run_block(body, tmp_path, timeout=600)
+        assert done.returncode == 0, f"{page}:\n{body}\n{done.stdout[-3000:]}"
