@@ -34,3 +34,9 @@ def _no_process_and_no_engine(monkeypatch):
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refused("starts a process"))
     monkeypatch.setattr(deepspeed, "initialize", _refused("builds a DeepSpeed engine"))
     monkeypatch.setattr(distributed, "init_distributed", _world_of_one)
+    joined = dist.is_initialized()
+    yield
+    # The world of one ends with the test that made it: it has none of a launcher's variables, so a later
+    # integration test in this worker, finding a group already there, would build its engine without LOCAL_RANK.
+    if dist.is_initialized() and not joined:
+        dist.destroy_process_group()
