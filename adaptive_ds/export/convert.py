@@ -1,7 +1,7 @@
 """Export a training checkpoint as a Hugging Face folder, or convert a model to stock transformers classes.
 
     python -m adaptive_ds.export CHECKPOINT OUT_DIR                 # adaptive_ds model (safetensors)
-    python -m adaptive_ds.export --to llama SRC OUT_DIR             # dense -> LlamaForCausalLM
+    python -m adaptive_ds.export --to llama SRC OUT_DIR             # dense (or MoD retrofitted) -> Llama
     python -m adaptive_ds.export --to mixtral SRC OUT_DIR           # dropless top-2 MoE -> MixtralForCausalLM
 
 CHECKPOINT is a run's OUTPUT_DIR (its latest checkpoint), OUTPUT_DIR/checkpoints, or one checkpoint tag
@@ -22,6 +22,7 @@ import glob
 import json
 import logging
 import os
+import re
 import sys
 
 import torch
@@ -80,13 +81,30 @@ def _common_llama_fields(config: AdaptiveDSConfig) -> dict:
                 eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
 
 
+def llama_incompatibility(config: AdaptiveDSConfig) -> str | None:
+    """Why a model cannot be a stock Llama, or None if it can: a dense model is one parameter for parameter; a MoD
+    model with the straight-through update scale (`mod_straight_through`: a dense model retrofitted with MoD) is one
+    when every token runs every block, its routers dropped: the Llama computes its `set_mod_routing("all")` logits,
+    which are its logits at capacity 1.0."""
+    if config.arch == "dense" or (config.arch == "mod" and config.mod_straight_through):
+        return None
+    if config.arch == "mod":
+        return ("its MoD blocks scale their update by sigmoid(router logit), which a Llama has no place for "
+                "(a model retrofitted with MoD, mod_straight_through, exports as its every-token model)")
+    return f"arch is {config.arch!r}: MoE layers have no Llama equivalent (--to mixtral exports MoE)"
+
+
 def to_llama(model: AdaptiveDSForCausalLM) -> LlamaForCausalLM:
-    """A stock LlamaForCausalLM with the same logits: our dense blocks are Llama's, parameter for parameter."""
-    if model.config.arch != "dense":
-        raise ValueError(f"--to llama needs a dense model; this one is {model.config.arch!r} "
-                         "(MoD routing and MoE layers have no Llama equivalent)")
+    """A stock LlamaForCausalLM with the same logits: our dense blocks are Llama's, parameter for parameter (a MoD
+    model's: its every-token logits, see `llama_incompatibility`)."""
+    reason = llama_incompatibility(model.config)
+    if reason:
+        raise ValueError(f"--to llama needs a dense model (or a dense model retrofitted with MoD); this one: {reason}")
     llama = LlamaForCausalLM(LlamaConfig(**_common_llama_fields(model.config)))
-    llama.load_state_dict(model.state_dict(), strict=True)
+    # a MoD block wraps the dense block as `block`, beside its router (and causal-routing predictor)
+    state = {re.sub(r"^(model\.layers\.\d+\.)block\.", r"\1", name): tensor
+             for name, tensor in model.state_dict().items() if not re.search(r"\.(router|predictor)\.", name)}
+    llama.load_state_dict(state, strict=True)
     return llama.to(model.dtype)
 
 
@@ -94,16 +112,17 @@ def mixtral_incompatibility(config: AdaptiveDSConfig) -> str | None:
     """Why a model's routing cannot be expressed as Mixtral's, or None if it can.
 
     Mixtral routes every token to its top-k experts with softmax weights renormalised over the k, and never
-    drops a token. That is our inference routing exactly when the model is top-k MoE (k >= 2, counting the
-    fine-grained experts as Mixtral experts of their width) in every layer without DeepSpeed's residual MLP,
-    shared experts or a routing bias. A capacity limit (`moe_drop_tokens`) does not matter: it applies in training only,
-    and inference is dropless (see models/moe.py).
+    drops a token. That is our inference routing exactly when the model is top-k MoE (k >= 2, or top-1 renormalised
+    by moe_renormalize_top1; counting the fine-grained experts as Mixtral experts of their width) in every layer
+    without DeepSpeed's residual MLP, shared experts or a routing bias. A capacity limit (`moe_drop_tokens`) does not
+    matter: it applies in training only, and inference is dropless (see models/moe.py).
     """
     reasons = []
     if config.arch != "moe":
         reasons.append(f"arch is {config.arch!r}, not 'moe'")
-    if config.num_routed_experts_per_tok == 1:
-        reasons.append("top-1 weights are raw gate probabilities, Mixtral renormalises over the top-k")
+    if config.num_routed_experts_per_tok == 1 and not config.moe_renormalize_top1:
+        reasons.append("top-1 weights are raw gate probabilities, Mixtral renormalises over the top-k "
+                       "(moe_renormalize_top1 does too)")
     if config.moe_layer_interval != 1:
         reasons.append("MoE is not in every layer")
     if config.moe_use_residual:

@@ -19,15 +19,30 @@ from huggingface_hub import HfApi
 logger = logging.getLogger(__name__)
 
 
+def _base_model(summary: dict) -> tuple[str, str]:
+    """The card's `base_model` metadata line (a Hub id only: the Hub links it) and its table row, for a run started
+    from pretrained weights (--init_from); empty for one started from random weights. A local folder is named by
+    its last component and its content hash, never by its path on the machine that trained."""
+    source = summary.get("base_model")
+    if not source:
+        return "", ""
+    digest = summary.get("base_model_sha256", "")
+    if os.path.isdir(source) or source.startswith((os.path.sep, ".", "~")):
+        name = f"{os.path.basename(os.path.normpath(source))} (a local folder, {digest})"
+        return "", f"| base model | {name} |\n"
+    return f"base_model: {source}\n", f"| base model | {source} ({digest}) |\n"
+
+
 def model_card(summary: dict, command: str) -> str:
-    """README.md for the Hub: architecture, preset, parameter counts, tokens, losses and the command."""
+    """README.md for the Hub: architecture, preset, base model, parameter counts, tokens, losses and the command."""
     def fmt(key, spec="{:.4f}"):
         return spec.format(summary[key]) if key in summary else "n/a"
 
+    base_meta, base_row = _base_model(summary)
     return f"""---
 library_name: transformers
 tags: [adaptive_ds, {summary.get('arch', 'unknown')}, deepspeed]
----
+{base_meta}---
 
 # adaptive_ds {summary.get('preset', '?')} {summary.get('arch', '?')}
 
@@ -37,7 +52,7 @@ Trained with adaptive_ds through the DeepSpeed engine.
 |---|---|
 | architecture | {summary.get('arch', '?')} |
 | preset | {summary.get('preset', '?')} |
-| total parameters | {summary.get('total_parameters', 0):,} |
+{base_row}| total parameters | {summary.get('total_parameters', 0):,} |
 | active parameters | {summary.get('active_parameters', 0):,} |
 | tokens seen | {summary.get('tokens_seen', 0):,} |
 | final train loss | {fmt('train_loss')} |

@@ -11,9 +11,10 @@ two fixes; `AdaptiveDSConfig.mod_causal_routing` picks one:
   toward top-k membership, routes a token when its logit is > 0; the language model never feels its loss.
 
 In eval mode (`routing="causal"`, the default) that decision routes; `routing="topk"` evaluates with the
-train-time rule. Causal routing really skips compute: each sequence's routed tokens are gathered and the block
-runs on them alone, so a skipped token costs nothing, writes no keys and values into the block's cache, and a
-decoding step whose tokens all skip does not run the block at all.
+train-time rule; `routing="all"` runs every token through every block (with the straight-through scale below, the
+plain dense model: the retrofit's equality test and its Llama export). Causal routing really skips compute: each
+sequence's routed tokens are gathered and the block runs on them alone, so a skipped token costs nothing, writes no
+keys and values into the block's cache, and a decoding step whose tokens all skip does not run the block at all.
 """
 
 from __future__ import annotations
@@ -32,7 +33,16 @@ from .configuration import AdaptiveDSConfig
 if TYPE_CHECKING:
     from .moe import MoERouting
 
-ROUTING_MODES = ("causal", "topk")
+ROUTING_MODES = ("causal", "topk", "all")
+
+
+def update_scale(logits: torch.Tensor, straight_through: bool) -> torch.Tensor:
+    """The scale r of a routed token's block update (eq. 1 of Raposo et al.): sigmoid(logit), or with
+    `straight_through` a scale exactly 1 in the forward pass whose gradient is sigmoid's (the straight-through
+    estimator, Bengio et al. 2013, arXiv 1308.3432), so that a routed token gets the plain block's output while the
+    router still learns from the LM loss. Written (s - s) + 1, which is 1 exactly in floating point."""
+    scale = torch.sigmoid(logits)
+    return (scale - scale.detach()) + 1.0 if straight_through else scale
 
 
 def routed_token_count(seq_len: int, capacity: float) -> int:
@@ -129,6 +139,7 @@ class MixtureOfDepths(nn.Module):
         self.layer_idx = layer_idx
         self.capacity = config.mod_capacity
         self.routing = "causal"
+        self.straight_through = config.mod_straight_through
         self.router = nn.Linear(config.hidden_size, 1, bias=False)
         self.predictor = None  # "router": the router's own logit decides
         if config.mod_causal_routing == "predictor":
@@ -172,7 +183,7 @@ class MixtureOfDepths(nn.Module):
         routed_mask = None if key_padding_mask is None else key_padding_mask.gather(1, selected)
 
         out = self.block(routed, routed_rope, routed_mask, cache=None)
-        weight = torch.sigmoid(ranked.gather(1, selected)).unsqueeze(-1).to(hidden_states.dtype)
+        weight = update_scale(ranked.gather(1, selected), self.straight_through).unsqueeze(-1).to(hidden_states.dtype)
         update = (out.hidden_states - routed) * weight  # (batch, k, hidden)
         in_topk = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, selected, True)
 
@@ -191,8 +202,8 @@ class MixtureOfDepths(nn.Module):
         return out._replace(hidden_states=hidden_states.scatter_add(1, index, update), mod=routing)
 
     def _causal(self, hidden_states, scores, position_embeddings, key_padding_mask, cache):
-        """Route each token by `causal_logits` > 0, a decision that depends on nothing after the token, and run
-        the block on the routed tokens alone.
+        """Route each token by `causal_logits` > 0 (every token with routing "all"), a decision that depends on
+        nothing after the token, and run the block on the routed tokens alone.
 
         Each sequence's routed tokens are gathered in sequence order, with their RoPE positions, into `width`
         slots, width the most tokens any sequence routed; a sequence that routed fewer fills its last slots with
@@ -200,7 +211,10 @@ class MixtureOfDepths(nn.Module):
         before them, as in training. Skipped tokens keep their input.
         """
         seq_len, hidden = hidden_states.shape[1:]
-        routed = self.causal_logits(hidden_states, scores) > 0  # (batch, seq)
+        if self.routing == "all":
+            routed = torch.ones_like(scores, dtype=torch.bool)
+        else:
+            routed = self.causal_logits(hidden_states, scores) > 0  # (batch, seq)
         if key_padding_mask is not None:
             routed = routed & key_padding_mask[:, -seq_len:]
         counts = routed.sum(1)
@@ -214,14 +228,14 @@ class MixtureOfDepths(nn.Module):
             keys = cache.append_slots(self.layer_idx, valid, padded=fewest < width)
         if fewest == seq_len:  # every token routes, as in a routed decoding step: nothing to gather
             out = self.block(hidden_states, position_embeddings, keys, cache)
-            weight = torch.sigmoid(scores).unsqueeze(-1).to(hidden_states.dtype)
+            weight = update_scale(scores, self.straight_through).unsqueeze(-1).to(hidden_states.dtype)
             return out._replace(hidden_states=hidden_states + (out.hidden_states - hidden_states) * weight,
                                 mod=MoDRouting(None, routed))
         # routed positions first, in sequence order; a padding slot points at one of its sequence's skipped tokens
         order = torch.argsort((~routed).to(torch.uint8), dim=1, stable=True)[:, :width]  # (batch, width)
         gathered, rope = self.gather(hidden_states, position_embeddings, order)
         out = self.block(gathered, rope, keys, cache)
-        weight = torch.sigmoid(scores.gather(1, order)) * valid  # (batch, width), 0 on padding
+        weight = update_scale(scores.gather(1, order), self.straight_through) * valid  # (batch, width), 0 on padding
         update = (out.hidden_states - gathered) * weight.unsqueeze(-1).to(hidden_states.dtype)
         index = order.unsqueeze(-1).expand(-1, -1, hidden)
         return out._replace(hidden_states=hidden_states.scatter_add(1, index, update), mod=MoDRouting(None, routed))

@@ -189,7 +189,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
 
     def set_mod_routing(self, mode: str) -> None:
         """How MoD blocks route in eval mode: "causal" (router logit or predictor > 0; generation, honest
-        evaluation) or "topk" (the train-time per-sequence top-k, which looks at the whole sequence)."""
+        evaluation), "topk" (the train-time per-sequence top-k, which looks at the whole sequence) or "all" (every
+        token runs every block: with `mod_straight_through`, the dense model the blocks wrap)."""
         if mode not in ROUTING_MODES:
             raise ValueError(f"unknown MoD routing {mode!r}; valid choices: {', '.join(ROUTING_MODES)}")
         self.mod_routing = mode

@@ -133,11 +133,13 @@ class Assignments:
 
 
 def route(logits: torch.Tensor, k: int, capacity: int | None, bias: torch.Tensor | None = None,
-          ) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
+          renormalize_top1: bool = False) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
     """Top-k routing of `logits` (tokens, experts) with DeepSpeed's priorities; `capacity` None is dropless.
 
     `bias` (experts,): added to the gate probabilities to choose the top-k experts (and their order, so their
     capacity priority), not to the gate weights (DeepSeek-V3, arXiv 2412.19437, eq. 16).
+    `renormalize_top1`: with k = 1, a kept token's weight is 1 in the forward pass (its probability renormalised
+    over its one choice) with the probability's gradient (straight-through; see AdaptiveDSConfig).
     Returns the kept assignments, the demand per expert before the capacity limit, and the gate probabilities.
     """
     num_tokens, num_experts = logits.shape
@@ -163,6 +165,8 @@ def route(logits: torch.Tensor, k: int, capacity: int | None, bias: torch.Tensor
     if k > 1:  # renormalise over each token's kept choices (a fully dropped token gets no expert output)
         total = gate.view(k, num_tokens).sum(0).clamp_min(torch.finfo(gate.dtype).eps)
         gate = gate / total.repeat(k)
+    elif renormalize_top1:  # (g - g) + 1: exactly 1 where kept, 0 where dropped, the gradient g's
+        gate = (gate - gate.detach()) + (gate.detach() > 0).to(gate.dtype)
     counts = torch.bincount(expert[order], minlength=num_experts)
     return Assignments(token[order], gate[order], counts), demand, probs
 
@@ -344,6 +348,7 @@ class MoEFeedForward(nn.Module):
         self.drop_tokens = config.moe_drop_tokens
         self.jitter = config.moe_jitter
         self.dispatch = config.moe_dispatch
+        self.renormalize_top1 = config.moe_renormalize_top1
         self.grouped_gemm = config.moe_grouped_gemm
         self.moe = ExpertMixture(config.hidden_size, SwiGLU(config.hidden_size, config.expert_intermediate_size),
                                  self.num_experts, config.moe_ep_size, config.moe_use_residual)
@@ -402,7 +407,8 @@ class MoEFeedForward(nn.Module):
 
         logits = self.router_logits(tokens)
         bias = self.routing_bias
-        assignments, demand, probs = route(logits, self.k, self.capacity(tokens.shape[0]), bias)
+        assignments, demand, probs = route(logits, self.k, self.capacity(tokens.shape[0]), bias,
+                                           self.renormalize_top1)
         expert_out = self._dispatch(tokens, assignments)  # (kept, hidden)
         output = torch.zeros_like(tokens).index_add_(
             0, assignments.token, expert_out * assignments.weight.unsqueeze(-1).to(expert_out.dtype))

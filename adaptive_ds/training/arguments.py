@@ -22,6 +22,7 @@ import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 
 from .. import ds_config as ds_config_reader
+from .. import pretrained
 from ..data import EMBEDDED, source_problems
 from ..ds_config import ConfigError
 from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
@@ -111,6 +112,17 @@ class RunSettings:
                                         "over the architecture's defaults and under the model and controller "
                                         "settings", choices=tuple(VARIANTS))
     model: dict = setting({}, "overrides of AdaptiveDSConfig fields, e.g. {\"mod_capacity\": 0.25}")
+    init_from: str | None = setting(None, "start from pretrained weights, not from random ones: a folder (or Hub id) "
+                                          "of a stock LlamaForCausalLM, a MixtralForCausalLM or an adaptive_ds "
+                                          "final/; its config gives the shape (a preset named here or in the "
+                                          "ds_config must agree; none named: the preset of that shape, else the "
+                                          "default, which sets only seq_len), seq_len is the preset's up to its "
+                                          "max_position_embeddings, its tokenizer must be the data's; a dense model "
+                                          "starts moe, mod or hybrid upcycled (adaptive_ds/pretrained.py); a fresh "
+                                          "optimizer, schedule and data position")
+    upcycle_noise: float = setting(0.0, "with init_from a dense model and arch moe or hybrid: each expert copy's "
+                                        "weights times 1 + N(0, noise^2), so the copies differ from the first step "
+                                        "(0: exact copies, the first forward pass the dense model's)", at_least=0)
 
 
 def _types(cls: type) -> dict[str, object]:
@@ -230,9 +242,15 @@ def _settings_from_block(block, path: str) -> RunSettings:
     return RunSettings(**block)
 
 
-def validate(settings: RunSettings, ds_config: dict, world_size: int) -> None:
-    """Collect every problem and raise once, naming the valid choices."""
+def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_named: bool = True) -> None:
+    """Collect every problem and raise once, naming the valid choices. `preset_named`: the preset was named (on the
+    command line or in the ds_config), so that with `init_from` it must agree with the folder's shape."""
     problems = _field_problems(settings)
+    if isinstance(settings.init_from, str) and isinstance(settings.model, dict) and settings.arch in ARCHITECTURES:
+        problems += pretrained.problems(settings.init_from, settings.arch, settings.model,
+                                        settings.preset if preset_named else None)
+        if problems:  # the model checks below read the folder
+            raise ConfigError("; ".join(problems))
     if isinstance(settings.data, str):
         problems += source_problems(settings.data)
     micro = settings.micro_batch
@@ -306,6 +324,9 @@ def _model(settings: RunSettings, problems: list[str]) -> AdaptiveDSConfig | Non
         return None
     try:
         # the tokenizer's vocabulary is not known yet; a placeholder suffices to check the architecture
+        if settings.init_from is not None:
+            return pretrained.Source.open(settings.init_from).model_config(settings.arch, settings.preset, 256,
+                                                                           **settings.model)
         return model_config(settings.preset, settings.arch, 256, **settings.model)
     except ValueError as e:
         problems.append(f"model: {e}")
@@ -343,7 +364,12 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     if isinstance(settings.variant, str) and isinstance(settings.model, dict) and isinstance(settings.controller, dict):
         # an arch set where the variant is, or over it, must agree with it; a --variant flag replaces the block's arch
         _apply_variant(settings, arch_given=args.arch is not None or (args.variant is None and "arch" in block))
-    validate(settings, ds_config, world_size)
+    preset_named = args.preset is not None or "preset" in block
+    if isinstance(settings.init_from, str) and args.tokenizer is None and "tokenizer" not in block:
+        settings.tokenizer = settings.init_from  # streamed text: the folder's tokenizer, which comes with the weights
+    validate(settings, ds_config, world_size, preset_named)
+    if settings.init_from is not None and not preset_named:  # the preset of the folder's shape, if there is one
+        settings.preset = pretrained.Source.open(settings.init_from).matching_preset() or settings.preset
     return settings, ds_config
 
 

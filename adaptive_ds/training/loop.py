@@ -32,7 +32,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import distributed
+from .. import distributed, pretrained
 from ..data import build_training_data
 from ..ds_config import read as read_ds_config
 from ..export import final  # the module, not its names: export.final imports training.moe_adapter in turn
@@ -44,6 +44,7 @@ from .arguments import ConfigError, RunSettings, check_precision, parse
 from .controller import Action, Controller, StepReport, TrainingStopped, Verdict, WindowReport, controller_settings
 from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
 from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
+from .moe_adapter import expert_parallel_group
 from .output_dir import prepare_output_dir, write_identity
 from .stop import StopRequest, StopRequested
 from .validation import Validator
@@ -119,6 +120,16 @@ def _load_data(settings: RunSettings, seq_len: int):
         raise ConfigError(str(error)) from None
 
 
+def _open_source(settings: RunSettings):
+    """The pretrained model of --init_from (already checked by the settings' validation), or None."""
+    if settings.init_from is None:
+        return None
+    try:
+        return pretrained.Source.open(settings.init_from)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def _command() -> str:
     """The command line that started this process (the program by its name: `train.py`, `adaptive-ds train`)."""
     return " ".join([os.path.basename(sys.argv[0]), shlex.join(sys.argv[1:])]).strip()
@@ -136,17 +147,31 @@ class Trainer:
         distributed.init_distributed(settings.collective_timeout_s)
         self.rank, self.world = distributed.rank(), distributed.world_size()
         _prepare_device(settings, ds_config)
-        seq_len = PRESETS[settings.preset].seq_len
+        self.source = _open_source(settings)  # pretrained weights to start from (--init_from), or None
+        seq_len = self.source.seq_len(settings.preset) if self.source else PRESETS[settings.preset].seq_len
         layout = read_ds_config(ds_config)
         self.validation_micro_batch = layout.micro_batch  # the held-out set: eval_batches of the ds_config's size
         self.rows_per_step = layout.rows_per_rank_step * self.world  # the global batch, constant whatever the split
         self.data = _load_data(settings, seq_len)  # setup: the "data" phase is the loop's wait for batches
         tok = self.data.tokenizer
-        self.config = model_config(settings.preset, settings.arch, len(tok), eos_token_id=tok.eos_token_id,
-                                   pad_token_id=tok.pad_token_id, **settings.model)
+        tokens = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        if self.source:
+            try:
+                self.source.check_tokenizer(tok, settings.data)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+            self.config = self.source.model_config(settings.arch, settings.preset, len(tok), **tokens,
+                                                   **settings.model)
+        else:
+            self.config = model_config(settings.preset, settings.arch, len(tok), **tokens, **settings.model)
         # the held-out batches too, before the output directory: data without a held-out document is refused first
         self.validation_batches = self.data.validation_batches(self.validation_micro_batch, settings.eval_batches)
-        self.identity = checkpoint.run_identity(settings, self.world, layout.rows_per_rank_step, self.config)
+        self.base_model = None  # where the weights came from: the source as given and its files' hash (rank 0's)
+        if self.source:
+            digest = distributed.broadcast_object(self.source.content_hash if self.rank == 0 else None)
+            self.base_model = {"source": settings.init_from, "sha256": digest}
+        self.identity = checkpoint.run_identity(settings, self.world, layout.rows_per_rank_step, self.config,
+                                                self.base_model)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
         if self.resume_tag:
             self._keep_the_checkpoints_global_batch(ds_config)
@@ -155,8 +180,15 @@ class Trainer:
         self.settings = settings = _resolve_steps(settings, self.config, self.tokens_per_step)
         _warn_about_warmup(settings)
         torch.manual_seed(settings.seed)
-        self.engine = build_engine(AdaptiveDSForCausalLM(self.config), ds_config, settings.warmup_steps,
-                                   settings.max_steps, settings.min_lr_ratio, settings.compile)
+        model = AdaptiveDSForCausalLM(self.config)
+        if self.source and not self.resume_tag:  # a resume loads the run's own checkpoint, never these weights
+            # DeepSpeed's expert-parallel groups are consecutive ranks: rank r holds the experts of group rank r % ep
+            self.source.load_into(model, self.rank % self.config.moe_ep_size, settings.upcycle_noise, settings.seed)
+        self.engine = build_engine(model, ds_config, settings.warmup_steps, settings.max_steps,
+                                   settings.min_lr_ratio, settings.compile)
+        if self.config.uses_moe and self.config.moe_ep_size > 1:
+            ep_rank = dist.get_rank(expert_parallel_group(self.engine.module))
+            assert ep_rank == self.rank % self.config.moe_ep_size, (ep_rank, self.rank)
         distributed.bound_collectives(settings.collective_timeout_s)  # DeepSpeed's own process groups too
         self.base_lrs = list(self.engine.lr_scheduler.base_lrs)  # the schedule's peaks, before any knob
         self._build_components(hub_api)
@@ -429,6 +461,8 @@ class Trainer:
             training_tokens_per_s=trained_tokens / breakdown["train"] if breakdown["train"] else None,
             peak_memory=peak_memory(), **self.data.summary(),
         )
+        if self.source:  # steps and tokens above count this run's only
+            facts.update(base_model=self.base_model["source"], base_model_sha256=self.base_model["sha256"])
         stats = self.data.statistics
         if stats:
             facts.update(entropy_floor=stats.entropy_floor, unigram_entropy=stats.unigram_entropy,
@@ -593,6 +627,8 @@ class Trainer:
             facts = {"preset": self.settings.preset, "arch": self.settings.arch, "total_parameters": counts.total,
                      "active_parameters": counts.active, "steps": step,
                      "tokens_seen": step * self.tokens_per_step, "train_loss": loss}
+            if self.source:
+                facts.update(base_model=self.base_model["source"], base_model_sha256=self.base_model["sha256"])
             self.pusher.push_in_background(staging, model_card(facts, _command()), f"checkpoint at step {step}")
 
 

@@ -18,12 +18,16 @@ logger = logging.getLogger(__name__)
 LAYOUT_KEYS = ("world_size", "model.moe_ep_size")
 
 
-def run_identity(settings, world_size: int, rows_per_rank_step: int, config) -> dict:
-    """What a checkpoint must match to be resumed by this run (as it reads back from JSON)."""
+def run_identity(settings, world_size: int, rows_per_rank_step: int, config, base_model: dict | None = None) -> dict:
+    """What a checkpoint must match to be resumed by this run (as it reads back from JSON). `base_model`: the
+    pretrained weights the run started from (--init_from: the source and its content hash), so that a resume checks
+    the folder is still the one it started from; absent for a run from random weights, as before it existed."""
     identity = {"preset": settings.preset, "arch": settings.arch, "data": settings.data, "seed": settings.seed,
                 "tokenizer": tokenizer_identity(settings.data, settings.tokenizer),
                 "world_size": world_size, "rows_per_step": rows_per_rank_step * world_size,
                 "model": config.to_dict()}
+    if base_model is not None:
+        identity["base_model"] = base_model
     return json.loads(json.dumps(identity))
 
 

@@ -1,0 +1,133 @@
+"""An adaptive_ds model's first weights from a trained model: the same architecture, a dense model (Llama's or
+ours) upcycled to MoE, MoD or the hybrid, or a Mixtral model as MoE.
+
+Sparse upcycling (Komatsuzaki et al. 2022, arXiv 2212.05055): every expert of an MoE layer starts as a copy of the
+dense MLP it replaces, so that the first forward pass is the dense model's:
+
+- granularity 1: routed expert e is the dense MLP; a token's top-k weights are renormalised over its choices (k >= 2
+  always; top-1 with `moe_renormalize_top1`, which the upcycled config turns on), so k identical experts give the
+  dense output whatever the router says. The router keeps the model's seeded initialisation.
+- granularity g (fine-grained experts, `moe_expert_granularity`): copy c of the dense MLP is split into the g
+  experts c*g .. c*g+g-1, expert c*g+s holding the s-th slice of the dense MLP's f hidden units (rows of the gate
+  and up projections, columns of the down projection, f/g each) with its down projection scaled by g; the g router
+  rows of a copy are equal (row c*g's initialisation), so a token's top-(k*g) choice takes whole copies (the k best
+  copies' g slices tie exactly, and two copies tie with probability zero), and with the renormalised weights
+  p_c / (g * sum of the chosen copies' p) each copy contributes sum_s g * slice_s / g = the dense MLP, the copies
+  together the dense output.
+- shared experts (`moe_shared_experts`) start with a zero down projection, so they add nothing at first; PR-MoE's
+  residual MLP (`moe_use_residual`, granularity 1) is a copy too, so the learned mixing gives the dense output.
+- `noise` > 0 multiplies each routed expert's weights element-wise by 1 + N(0, noise^2) (a draw of its own for each
+  expert, seeded by the run's seed and the expert's global index, so every rank draws the same): the copies then
+  differ from the first step, and the first forward pass is no longer exactly the dense one.
+
+The MoD retrofit (Raposo et al. 2024) adds routers to a dense model's blocks: the routers keep the model's seeded
+initialisation and the block update is scaled by the straight-through scale (`mod_straight_through`), so a routed
+token gets the dense block's output, every token routed (capacity 1.0, or `set_mod_routing("all")`) the dense model.
+
+Vocabulary padding: the model's vocabulary is the source's rounded up to a multiple of 64 (`presets.pad_vocab`); the
+added rows of the embedding and the LM head are zeros, so the logits of the source's tokens are unchanged and each
+added token's logit is 0 until training lowers it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+import torch
+
+from .configuration import AdaptiveDSConfig
+
+# Reads a tensor of the source by its name there; `index` selects one entry of its first dimension (a stacked expert).
+Reader = Callable[..., torch.Tensor]
+
+SOURCE_KINDS = ("same", "dense", "mixtral")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(?:block\.)?(.*)")
+_EXPERT = re.compile(r"mlp\.moe\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(\w+_proj)\.weight")
+_KEEP = ("router.", "predictor.", "mlp.moe.coefficient.", "mlp.routing_bias_steps")  # the model's own initial values
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+MIXTRAL_PROJECTIONS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # Mixtral's checkpoint names
+
+
+def initial_tensors(model: torch.nn.Module, kind: str, read: Reader, names: set[str], ep_rank: int = 0,
+                    noise: float = 0.0, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every entry of the state dict `model` (an AdaptiveDSForCausalLM, perhaps holding one
+    expert-parallel rank's experts) starts from, one at a time, for a source of `kind`: "same" (our own folder of
+    the same architecture: every tensor by its name), "dense" (a Llama or our dense model, upcycled to the model's
+    architecture) or "mixtral". `names`: the source's tensor names; `ep_rank`: which experts the model holds (rank r
+    holds experts r * n .. r * n + n - 1)."""
+    assert kind in SOURCE_KINDS, kind
+    config: AdaptiveDSConfig = model.config
+    num_local = config.num_routed_experts // config.moe_ep_size
+    for name, own in model.state_dict().items():
+        match = _LAYER.fullmatch(name)
+        if match is None:  # the embedding, the final norm, the LM head
+            yield name, _padded(read(name), own) if name in _VOCAB else read(name)
+            continue
+        layer, inner = match.group(1), match.group(2)
+        expert = _EXPERT.fullmatch(inner)
+        global_expert = ep_rank * num_local + int(expert.group(1)) if expert else None
+        if kind == "same":
+            tensor = read(name if expert is None else name.replace(f"deepspeed_experts.{expert.group(1)}.",
+                                                                   f"deepspeed_experts.{global_expert}."))
+        elif kind == "mixtral":
+            tensor = _from_mixtral(layer, inner, expert, global_expert, read, names)
+        else:
+            tensor = _from_dense(config, layer, inner, expert, global_expert, own, read)
+        if expert is not None and noise > 0 and kind == "dense":
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + int(layer) * 10_007 + global_expert)
+            tensor = tensor * (1 + noise * torch.randn(tensor.shape, generator=generator))
+        yield name, tensor
+
+
+def _padded(source: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """The source's (vocab, hidden) rows, then zero rows up to the model's padded vocabulary."""
+    assert source.shape[0] <= own.shape[0] and source.shape[1:] == own.shape[1:], (source.shape, own.shape)
+    padded = source.new_zeros(own.shape)
+    padded[: source.shape[0]] = source
+    return padded
+
+
+def _from_dense(config: AdaptiveDSConfig, layer: str, inner: str, expert, global_expert, own, read) -> torch.Tensor:
+    if inner.startswith(_KEEP) or inner.startswith("mlp.shared_experts.") and not inner.startswith(
+            "mlp.shared_experts.down_proj"):
+        return own
+    if inner == "mlp.shared_experts.down_proj.weight":
+        return torch.zeros_like(own)  # shared experts add nothing at first
+    if inner == "mlp.moe.deepspeed_moe.gate.wg.weight":
+        # the g router rows of each copy equal (its first slice's), so a token picks whole copies
+        g = config.moe_expert_granularity
+        return own.view(-1, g, own.shape[-1])[:, :1].expand(-1, g, -1).reshape(own.shape).clone()
+    if inner.startswith("mlp.moe.mlp."):  # PR-MoE's residual MLP: a copy of the dense MLP
+        return read(f"model.layers.{layer}.{inner.replace('mlp.moe.mlp.', 'mlp.')}")
+    if expert is None:  # attention, norms, a dense MLP
+        return read(f"model.layers.{layer}.{inner}")
+    projection = expert.group(2)
+    dense = read(f"model.layers.{layer}.mlp.{projection}.weight")  # gate, up (ffn, hidden); down (hidden, ffn)
+    g = config.moe_expert_granularity
+    if g == 1:
+        return dense
+    width, piece = config.expert_intermediate_size, global_expert % g
+    if projection == "down_proj":
+        return dense[:, piece * width:(piece + 1) * width] * g
+    return dense[piece * width:(piece + 1) * width]
+
+
+def _from_mixtral(layer: str, inner: str, expert, global_expert, read, names: set[str]) -> torch.Tensor:
+    """Mixtral's tensors as transformers saves them (block_sparse_moe.experts.E.w1/w2/w3), or in its in-memory
+    layout (mlp.experts.gate_up_proj (experts, 2 ffn, hidden) and down_proj (experts, hidden, ffn))."""
+    legacy = f"model.layers.{layer}.block_sparse_moe.gate.weight" in names
+    if inner == "mlp.moe.deepspeed_moe.gate.wg.weight":
+        return read(f"model.layers.{layer}.block_sparse_moe.gate.weight" if legacy else
+                    f"model.layers.{layer}.mlp.gate.weight")
+    if expert is None:
+        return read(f"model.layers.{layer}.{inner}")
+    projection = expert.group(2)
+    if legacy:
+        return read(f"model.layers.{layer}.block_sparse_moe.experts.{global_expert}."
+                    f"{MIXTRAL_PROJECTIONS[projection]}.weight")
+    if projection == "down_proj":
+        return read(f"model.layers.{layer}.mlp.experts.down_proj", global_expert)
+    gate_up = read(f"model.layers.{layer}.mlp.experts.gate_up_proj", global_expert)  # (2 ffn, hidden)
+    half = gate_up.shape[0] // 2
+    return gate_up[:half] if projection == "gate_proj" else gate_up[half:]

@@ -1,0 +1,301 @@
+"""`--init_from`: a run that starts from pretrained weights instead of random ones.
+
+The source is a folder of a Hugging Face model (a local folder, or a Hub id resolved through the HF cache) holding
+a stock `LlamaForCausalLM`, a stock `MixtralForCausalLM` or one of adaptive_ds's own `final/` folders, its weights as
+safetensors (one file or an index of shards), with its tokenizer.
+
+What comes from where:
+
+- The model's shape (hidden, layers, heads, kv heads, ffn, vocabulary), `rms_norm_eps`, `rope_theta` and
+  `max_position_embeddings` come from the folder's config. A preset named on the command line or in the ds_config's
+  block must agree with it on hidden, layers, heads, kv heads and ffn, else the run is refused in one line that lists
+  the fields that differ. Without a named preset, the preset whose shape is the folder's is taken (TinyLlama's shape
+  is b1's), else the default one, which then only sets seq_len. `seq_len` is the preset's, up to the folder's
+  `max_position_embeddings`. `--model` may not set a shape field.
+- The architecture is `--arch`: a Llama or our dense folder starts any architecture (upcycled, see
+  `models.upcycling`: MoE experts copied from the dense MLP, MoD routers added with the straight-through update
+  scale); a Mixtral folder imports as `moe` with Mixtral's routing (its experts and top-k, renormalised, and dropless
+  in training too, as Mixtral trains, unless `--model` asks for `moe_drop_tokens`); our MoE, MoD or hybrid folder as
+  its own architecture with its own settings. An upcycled MoE takes its expert count and top-k from the preset and
+  the architecture's defaults, as a model trained from scratch would.
+- The tokenizer comes with the weights: data prepared or streamed with another vocabulary is refused in one line;
+  streamed text is tokenized with the folder's tokenizer unless `--tokenizer` names one; the embedded corpus needs a
+  folder whose tokenizer is the embedded corpus's.
+- Llama and Mixtral features the model does not have are refused in one line each: scaled RoPE (`rope_scaling`, a
+  `rope_parameters` type other than the default), `attention_bias`, `mlp_bias`, `sliding_window`, tied
+  embeddings, a `head_dim` other than hidden / heads, an activation other than SiLU.
+
+Starting from weights is not resuming: the run gets a fresh optimizer, schedule and data position, and counts its own
+steps and tokens. Its identity records the source and a content hash of its files (config, weights, tokenizer), so a
+resume of the run checks that the folder is still the one it started from; a resume loads the run's own checkpoint,
+never these weights. summary.json and the model card record the source as `base_model`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig
+
+from .models import AdaptiveDSConfig
+from .models.upcycling import initial_tensors
+from .presets import PRESETS, VARIANTS, pad_vocab
+
+logger = logging.getLogger(__name__)
+
+KINDS = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "adaptive_ds": "AdaptiveDSForCausalLM"}
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+# Fields a folder of our own fixes: they change which tensors the model holds (or, for a dense source, are its shape)
+STRUCTURAL_FIELDS = (*SHAPE_FIELDS, "vocab_size", "num_local_experts", "num_experts_per_tok", "moe_layer_interval",
+                     "moe_expert_granularity", "moe_shared_experts", "moe_use_residual", "moe_balancing",
+                     "mod_layer_interval", "mod_causal_routing", "mod_predictor_hidden_size", "tie_word_embeddings")
+# The files a run reads from the folder, which its content hash covers
+SOURCE_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
+                "added_tokens.json", "vocab.*", "merges.txt", "*.model")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def resolve(name: str) -> str:
+    """The local folder of `name`: itself, or a Hub id's snapshot in the HF cache (fetched into it where it is not
+    there yet and the Hub can be reached). ValueError in one line when it is neither."""
+    if os.path.isdir(name):
+        return name
+    if os.path.exists(name) or name.startswith((os.path.sep, ".", "~")) or not _HUB_ID.fullmatch(name):
+        raise ValueError(f"init_from {name!r}: no such folder; pass a folder holding a model's config.json, "
+                         "safetensors weights and tokenizer, or a Hub model id")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(name, allow_patterns=list(SOURCE_FILES))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
+        raise ValueError(f"init_from {name!r} is no local folder, and no Hub model in the HF cache or reachable "
+                         f"({type(error).__name__}); pass a folder or a Hub model id") from None
+
+
+def content_hash(folder: str) -> str:
+    """sha256 over the names and contents of the files a run reads from the folder (`SOURCE_FILES`)."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and any(fnmatch.fnmatch(name, pattern) for pattern in SOURCE_FILES):
+            with open(path, "rb") as f:
+                digest.update(name.encode() + b"\0" + hashlib.file_digest(f, "sha256").digest())
+    return f"sha256:{digest.hexdigest()}"
+
+
+@dataclass
+class Source:
+    """A pretrained model's folder: its config, checked, and what a run builds from it."""
+
+    name: str  # as given: a folder or a Hub id
+    folder: str
+    config: PreTrainedConfig
+    kind: str  # a key of KINDS
+
+    @classmethod
+    def open(cls, name: str) -> Source:
+        """The source `name`, its config read; ValueError in one line for a missing folder, a folder without a
+        config, or an architecture other than Llama, Mixtral or adaptive_ds's."""
+        folder = resolve(name)
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise ValueError(f"init_from {name!r} holds no config.json; pass a Hugging Face model folder")
+        with open(os.path.join(folder, "config.json")) as f:
+            try:
+                kind = json.load(f).get("model_type")
+            except (json.JSONDecodeError, AttributeError):
+                raise ValueError(f"init_from {name!r}: config.json is not a JSON object") from None
+        if kind not in KINDS:
+            raise ValueError(f"init_from {name!r} is a {kind!r} model; valid architectures: "
+                             f"{', '.join(f'{k} ({v})' for k, v in KINDS.items())}")
+        try:
+            config = (AdaptiveDSConfig if kind == "adaptive_ds" else AutoConfig).from_pretrained(folder)
+        except (ValueError, TypeError, OSError) as error:
+            raise ValueError(f"init_from {name!r}: its config.json does not load ({type(error).__name__}: "
+                             f"{str(error).splitlines()[0] if str(error) else ''})") from None
+        return cls(name, folder, config, kind)
+
+    # what the folder holds
+    @property
+    def arch(self) -> str:
+        """The folder's own architecture."""
+        return {"llama": "dense", "mixtral": "moe"}.get(self.kind) or self.config.arch
+
+    @property
+    def rope_theta(self) -> float:
+        if self.kind == "adaptive_ds":
+            return self.config.rope_theta
+        return float((self.config.rope_parameters or {}).get("rope_theta", 10000.0))
+
+    def shape(self) -> dict[str, int]:
+        return {name: getattr(self.config, name) for name in SHAPE_FIELDS}
+
+    def feature_problems(self) -> list[str]:
+        """The Llama / Mixtral features the model does not have, one line each."""
+        c, name, found = self.config, self.name, []
+        if self.kind != "adaptive_ds":
+            rope = dict(c.rope_parameters or {})
+            rope_type = rope.get("rope_type", rope.get("type", "default"))
+            if rope_type != "default":  # (transformers reads a config's legacy rope_scaling into rope_parameters)
+                found.append(f"init_from {name!r} scales RoPE (rope_scaling / rope_parameters type {rope_type!r}); "
+                             "adaptive_ds's RoPE is the default, unscaled one")
+            for flag in ("attention_bias", "mlp_bias"):
+                if getattr(c, flag, False):
+                    found.append(f"init_from {name!r} has {flag} true; adaptive_ds's projections have no biases")
+            if getattr(c, "sliding_window", None) is not None:
+                found.append(f"init_from {name!r} has sliding_window {c.sliding_window}; adaptive_ds's attention is "
+                             "full causal attention")
+            if getattr(c, "hidden_act", "silu") != "silu":
+                found.append(f"init_from {name!r} has hidden_act {c.hidden_act!r}; adaptive_ds's MLPs are SwiGLU "
+                             "(silu)")
+            head_dim = getattr(c, "head_dim", None)
+            if head_dim is not None and head_dim != c.hidden_size // c.num_attention_heads:
+                found.append(f"init_from {name!r} has head_dim {head_dim}, not hidden_size / num_attention_heads "
+                             f"{c.hidden_size // c.num_attention_heads}; adaptive_ds's head_dim is that quotient")
+        if c.tie_word_embeddings:
+            found.append(f"init_from {name!r} ties its input and output embeddings (tie_word_embeddings); "
+                         "adaptive_ds's models keep them apart")
+        if not self.weight_files():
+            bins = [f for f in os.listdir(self.folder) if f.endswith(".bin")]
+            what = f"holds {', '.join(bins[:3])} but no safetensors" if bins else "holds no model.safetensors"
+            found.append(f"init_from {name!r} {what}; save the model with safe_serialization=True")
+        return found
+
+    def arch_problems(self, arch: str, overrides: dict) -> list[str]:
+        """Whether the folder can start `arch` with the `--model` overrides, one line each."""
+        found = []
+        if self.arch != "dense" and arch != self.arch:
+            found.append(f"init_from {self.name!r} is a {self.arch} model ({KINDS[self.kind]}); it starts --arch "
+                         f"{self.arch} only (a dense model starts any architecture)")
+        fixed = SHAPE_FIELDS + ("vocab_size", "tie_word_embeddings") if self.arch == "dense" else STRUCTURAL_FIELDS
+        named = [k for k in fixed if k in overrides]
+        if named:
+            found.append(f"--model sets {', '.join(named)}, which init_from {self.name!r} fixes (the model's shape "
+                         "comes from the folder)")
+        if self.arch == "dense" and arch in ("moe", "hybrid") and overrides.get("moe_use_residual") and \
+                overrides.get("moe_expert_granularity", 1) > 1:
+            found.append("upcycling copies the dense MLP into PR-MoE's residual MLP, which needs "
+                         "moe_expert_granularity 1")
+        return found
+
+    def preset_conflicts(self, preset: str) -> list[str]:
+        """The shape fields on which `preset` disagrees with the folder: 'hidden_size 2048 (preset: 4096)'."""
+        p = PRESETS[preset]
+        return [f"{k} {v} (preset {preset}: {getattr(p, k)})" for k, v in self.shape().items() if getattr(p, k) != v]
+
+    def matching_preset(self) -> str | None:
+        return next((name for name in PRESETS if not self.preset_conflicts(name)), None)
+
+    def seq_len(self, preset: str) -> int:
+        """The preset's seq_len, up to the folder's max_position_embeddings."""
+        return min(PRESETS[preset].seq_len, self.config.max_position_embeddings)
+
+    # what a run builds from it
+    def model_config(self, arch: str, preset: str, vocab_size: int, **overrides) -> AdaptiveDSConfig:
+        """The configuration of the model `arch` started from the folder, for a tokenizer of `vocab_size` tokens;
+        `overrides` (AdaptiveDSConfig fields, checked by `arch_problems`) win over what the folder does not fix."""
+        c = self.config
+        vocab = pad_vocab(max(c.vocab_size, vocab_size))
+        if self.kind == "adaptive_ds" and arch == self.arch:  # our own model: its own settings
+            own = {k: getattr(c, k) for k in vars(AdaptiveDSConfig)["__annotations__"]}
+            for k in ("moe_ep_size", "bos_token_id", "eos_token_id", "pad_token_id"):
+                own.pop(k)
+            return AdaptiveDSConfig(**{**own, "vocab_size": vocab, **overrides})
+        p = PRESETS[preset]
+        fields = dict(arch=arch, vocab_size=vocab, **self.shape(), rms_norm_eps=c.rms_norm_eps,
+                      rope_theta=self.rope_theta, max_position_embeddings=c.max_position_embeddings,
+                      num_local_experts=p.num_local_experts, num_experts_per_tok=p.num_experts_per_tok)
+        fields.update(VARIANTS[arch].model)
+        if self.kind == "mixtral":  # Mixtral's routing: its experts and top-k, renormalised, dropless
+            fields.update(num_local_experts=c.num_local_experts, num_experts_per_tok=c.num_experts_per_tok,
+                          moe_drop_tokens=False)
+        fields.update(overrides)
+        if self.arch == "dense" and arch != "dense":  # upcycled: the first forward pass is the dense model's
+            upcycled = {"mod_straight_through": arch in ("mod", "hybrid"),
+                        "moe_renormalize_top1": arch in ("moe", "hybrid")
+                        and fields["num_experts_per_tok"] * fields.get("moe_expert_granularity", 1) == 1}
+            fields.update({k: v for k, v in upcycled.items() if k not in overrides})
+        return AdaptiveDSConfig(**fields)
+
+    def tokenizer(self):
+        try:
+            return AutoTokenizer.from_pretrained(self.folder)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"init_from {self.name!r} has no tokenizer that loads ({type(error).__name__}); the "
+                             "tokenizer comes with the weights") from None
+
+    def check_tokenizer(self, tokenizer, data: str) -> None:
+        """The run's data must be tokenized with the folder's vocabulary; ValueError in one line otherwise."""
+        own = self.tokenizer()
+        if own.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"--data {data!r} is tokenized with a vocabulary of {len(tokenizer)} tokens that is not "
+                             f"the tokenizer of init_from {self.name!r} ({len(own)} tokens); the tokenizer comes with "
+                             "the weights: prepare the data with --tokenizer set to that folder")
+        if len(own) > pad_vocab(self.config.vocab_size):
+            raise ValueError(f"init_from {self.name!r}'s tokenizer has {len(own)} tokens, more than its model's "
+                             f"vocab_size {self.config.vocab_size}")
+
+    def weight_files(self) -> dict[str, str]:
+        """Tensor name -> the safetensors file that holds it (empty: none)."""
+        index = os.path.join(self.folder, "model.safetensors.index.json")
+        if os.path.isfile(index):
+            with open(index) as f:
+                return {k: os.path.join(self.folder, v) for k, v in json.load(f)["weight_map"].items()}
+        single = os.path.join(self.folder, "model.safetensors")
+        if not os.path.isfile(single):
+            return {}
+        with safe_open(single, framework="pt") as f:
+            return dict.fromkeys(f.keys(), single)
+
+    @cached_property
+    def content_hash(self) -> str:
+        return content_hash(self.folder)
+
+    def load_into(self, model, ep_rank: int = 0, noise: float = 0.0, seed: int = 0) -> None:
+        """Set `model`'s weights from the folder (this expert-parallel rank's experts only), reading tensor by tensor
+        from the safetensors files, so that no rank holds more than its own model and one tensor of the source."""
+        files = self.weight_files()
+
+        def read(name: str, index: int | None = None) -> torch.Tensor:
+            if name not in files:
+                raise ValueError(f"init_from {self.name!r} has no tensor {name!r} that a {self.arch} model "
+                                 f"({KINDS[self.kind]}) holds; its weights do not match its config")
+            with safe_open(files[name], framework="pt") as f:
+                return (f.get_tensor(name) if index is None else f.get_slice(name)[index]).float()
+
+        kind = "same" if self.kind == "adaptive_ds" and model.config.arch == self.arch else \
+            "mixtral" if self.kind == "mixtral" else "dense"
+        own = model.state_dict()  # the parameters' and buffers' storage: each is written in place, one by one
+        with torch.no_grad():
+            for name, tensor in initial_tensors(model, kind, read, set(files), ep_rank, noise, seed):
+                if tensor.shape != own[name].shape:
+                    raise ValueError(f"init_from {self.name!r}: tensor {name} is {tuple(tensor.shape)}, the model's "
+                                     f"{tuple(own[name].shape)}; its weights do not match its config")
+                own[name].copy_(tensor)
+        logger.info("weights from %s (%s, %s) as %s", self.name, KINDS[self.kind], self.content_hash[:19],
+                    model.config.arch)
+
+
+def problems(name: str, arch: str, overrides: dict, preset: str | None) -> list[str]:
+    """What is wrong with starting `arch` from `name` (`preset`: the preset named on the command line or in the
+    ds_config, None when none is), for the settings check: one line per problem."""
+    try:
+        source = Source.open(name)
+    except ValueError as error:
+        return [str(error)]
+    found = source.feature_problems() + source.arch_problems(arch, overrides)
+    conflicts = source.preset_conflicts(preset) if preset in PRESETS else []
+    if conflicts:
+        found.append(f"preset {preset} contradicts init_from {name!r} on {', '.join(conflicts)}; the shape comes "
+                     f"from the folder: name the preset of its shape ({source.matching_preset() or 'none matches'}) "
+                     "or none")
+    return found

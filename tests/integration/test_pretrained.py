@@ -1,0 +1,114 @@
+"""Training from pretrained weights (--init_from) through the real engine: the first step's loss is the stock
+model's on that step's batch, the run starts afresh and records its base model, a resume loads its own checkpoint
+(and checks that the folder is still the one it started from), data of another vocabulary is refused."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from helpers.common import logged_losses, write_ds_config
+from helpers.pretrained_folders import DEBUG, llama_folder, mixtral_folder
+from safetensors.torch import load_file, save_file
+from transformers import LlamaForCausalLM
+
+from adaptive_ds import pretrained
+from adaptive_ds.data import build_training_data
+from adaptive_ds.training import train
+from adaptive_ds.training.arguments import ConfigError
+from adaptive_ds.training.checkpoint import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return llama_folder(tmp_path_factory.mktemp("llama"), shape=DEBUG)
+
+
+def _first_batch(rows: int, seed: int) -> dict:
+    data = build_training_data("embedded", 64, seed, workers=0)
+    batches = data.step_batches(0, rows)
+    try:
+        return next(batches)
+    finally:
+        batches.close()
+
+
+@pytest.mark.parametrize("arch, zero_stage", [("dense", 1), ("moe", 2)])
+def test_a_run_from_a_stock_llama_starts_at_the_stock_models_loss(llama, tmp_path, arch, zero_stage):
+    # moe: upcycled, dropless in training too, so that its first step sees the dense function
+    model = {"moe_drop_tokens": False} if arch == "moe" else {}
+    config = write_ds_config(tmp_path, micro=2, zero_stage=zero_stage, arch=arch, max_steps=2, init_from=str(llama),
+                             seed=7, model=model)
+    out = tmp_path / "run"
+    summary = train(["--ds_config", config, "--output_dir", str(out)])
+    batch = _first_batch(2, 7)
+    with torch.no_grad():
+        stock = LlamaForCausalLM.from_pretrained(llama).eval()(**batch).loss.item()
+    assert logged_losses(out)[1] == pytest.approx(stock, rel=1e-5, abs=1e-6)
+    digest = pretrained.Source.open(str(llama)).content_hash
+    assert summary["base_model"] == str(llama) and summary["base_model_sha256"] == digest
+    assert summary["steps"] == 2 and summary["tokens_seen"] == 2 * 2 * 64 and summary["seq_len"] == 64
+    identity = json.loads((out / "run_identity.json").read_text())
+    assert identity["base_model"] == {"source": str(llama), "sha256": digest}
+
+
+def test_a_resume_loads_its_own_checkpoint_and_checks_the_folder(llama, tmp_path, monkeypatch):
+    folder = tmp_path / "llama"
+    shutil.copytree(llama, folder)
+    out = tmp_path / "run"
+    config = write_ds_config(tmp_path, micro=2, max_steps=2, init_from=str(folder))
+    train(["--ds_config", config, "--output_dir", str(out)])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a resume read the init weights")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(pretrained.Source, "load_into", refuse)
+        summary = train(["--ds_config", config, "--output_dir", str(out), "--max_steps", "3"])
+    assert summary["resumed_from_step"] == 2 and summary["steps"] == 3
+    weights = load_file(folder / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1
+    save_file(weights, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="base_model.sha256"):
+        train(["--ds_config", config, "--output_dir", str(out), "--max_steps", "4"])
+
+
+def test_data_of_another_vocabulary_is_refused_in_one_line(llama, tmp_path):
+    config = write_ds_config(tmp_path, init_from=str(llama), data="embedded:hard")
+    with pytest.raises(ConfigError, match="not the tokenizer of init_from") as error:
+        train(["--ds_config", config, "--output_dir", str(tmp_path / "run")])
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+def _stock_loss(model_class, folder, rows: int, seed: int) -> float:
+    with torch.no_grad():
+        return model_class.from_pretrained(folder).eval()(**_first_batch(rows, seed)).loss.item()
+
+
+@pytest.mark.slow
+def test_expert_parallel_ranks_each_load_their_own_experts_of_a_mixtral(tmp_path, run_command):
+    from transformers import MixtralForCausalLM
+
+    folder = mixtral_folder(tmp_path / "mixtral", shape=DEBUG)
+    out = tmp_path / "run"
+    config = write_ds_config(tmp_path, micro=2, zero_stage=2, arch="moe", max_steps=1, init_from=str(folder), seed=3)
+    result = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config", config,
+                          "--ep_size", "2", "--output_dir", str(out)], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the first step's loss over both ranks' rows is the stock model's on the global batch: each rank held 2 of the 4
+    # experts, the ones its expert-parallel rank owns
+    assert logged_losses(out)[1] == pytest.approx(_stock_loss(MixtralForCausalLM, folder, 4, 3), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_accelerate_launch_starts_from_a_stock_llama(llama, tmp_path, run_command):
+    out = tmp_path / "run"
+    result = run_command(["accelerate", "launch", "--config_file", "launchers/accelerate_deepspeed.yaml",
+                          "launchers/train.py", "--init_from", str(llama), "--max_steps", "1", "--seed", "5",
+                          "--output_dir", str(out)], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["base_model"] == str(llama) and summary["seq_len"] == 64
+    # debug_cpu.json: 16 rows per process
+    assert logged_losses(out)[1] == pytest.approx(_stock_loss(LlamaForCausalLM, llama, 32, 5), rel=1e-5)

@@ -1,0 +1,110 @@
+"""--init_from's checks: a bad folder and each Llama / Mixtral feature the model lacks are refused in one line, the
+content hash follows the weights and not the path, the model card records the base model, and a TinyLlama-shaped
+Llama upcycles to b1 moe and hybrid with the planner's parameter counts (on the meta device). The imported and
+upcycled models' logits against transformers' stock models: tests/integration/test_upcycling.py."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.pretrained_folders import llama_folder, mixtral_folder
+from safetensors.torch import load_file, save_file
+from transformers import LlamaForCausalLM
+
+from adaptive_ds.export.hub import model_card
+from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.pretrained import Source, problems
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "final"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return llama_folder(tmp_path_factory.mktemp("llama"))
+
+
+def _one_line(found: list[str], *words: str) -> None:
+    assert len(found) == 1 and "\n" not in found[0], found
+    for word in words:
+        assert word in found[0], found
+
+
+def test_bad_folders_are_refused_in_one_line_each(tmp_path, llama):
+    _one_line(problems(str(tmp_path / "missing"), "dense", {}, None), "no such folder")
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text('{"model_type": "gpt2", "n_embd": 32}')
+    _one_line(problems(str(gpt2), "dense", {}, None), "'gpt2'", "llama", "mixtral", "adaptive_ds")
+    _one_line(problems(str(llama), "dense", {}, "b1"), "preset b1", "hidden_size 32 (preset b1: 2048)",
+              "num_hidden_layers 2 (preset b1: 22)", "none matches")
+    assert problems(str(llama), "moe", {}, None) == []
+    _one_line(problems(str(llama), "dense", {"hidden_size": 64}, None), "hidden_size")
+    _one_line(problems(str(FIXTURES / "moe"), "dense", {}, None), "starts --arch moe only")
+
+
+@pytest.mark.parametrize("feature, words", [
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE"),
+    ({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings"), ({"head_dim": 16}, "head_dim 16"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+])
+def test_llama_features_the_model_lacks_are_refused_in_one_line_each(tmp_path, feature, words):
+    folder = llama_folder(tmp_path / "llama", **feature)
+    _one_line(problems(str(folder), "dense", {}, None), words)
+
+
+def test_a_mixtral_with_a_sliding_window_is_refused(tmp_path):
+    folder = mixtral_folder(tmp_path / "mixtral", sliding_window=16)
+    _one_line(problems(str(folder), "moe", {}, None), "sliding_window 16")
+    _one_line(problems(str(mixtral_folder(tmp_path / "plain")), "dense", {}, None), "starts --arch moe only")
+
+
+def test_the_content_hash_follows_the_weights_not_the_path(tmp_path, llama):
+    moved = tmp_path / "moved"
+    shutil.copytree(llama, moved)
+    assert Source.open(str(moved)).content_hash == Source.open(str(llama)).content_hash
+    (moved / "README.md").write_text("not read by a run")
+    assert Source.open(str(moved)).content_hash == Source.open(str(llama)).content_hash
+    weights = load_file(moved / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1
+    save_file(weights, moved / "model.safetensors")
+    assert Source.open(str(moved)).content_hash != Source.open(str(llama)).content_hash
+
+
+def test_the_model_card_records_the_base_model():
+    card = model_card({"arch": "moe", "base_model": "TinyLlama/TinyLlama-1.1B", "base_model_sha256": "sha256:ab"},
+                      "adaptive-ds train")
+    assert "\nbase_model: TinyLlama/TinyLlama-1.1B\n---" in card and "| base model | TinyLlama/TinyLlama-1.1B" in card
+    local = model_card({"arch": "moe", "base_model": "/data/models/tiny", "base_model_sha256": "sha256:ab"}, "x")
+    assert "base_model:" not in local and "| base model | tiny (a local folder, sha256:ab) |" in local
+    assert "/data/models" not in local
+    assert "base model" not in model_card({"arch": "dense"}, "x")
+
+
+@pytest.mark.parametrize("arch", ["moe", "hybrid"])
+def test_a_tinyllama_shaped_llama_upcycles_to_b1_with_the_planners_counts(arch):
+    """TinyLlama-1.1B's shape is b1's: on the meta device (no memory), its upcycled model holds the tensors the
+    upcycling makes of the stock model's, and the planner's parameter count (so its memory) is that model's."""
+    from transformers import LlamaConfig
+
+    from adaptive_ds.ds_config import load
+    from adaptive_ds.models.upcycling import initial_tensors
+    from adaptive_ds.tools.plan import plan
+
+    tinyllama = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                            num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
+                            rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    source = Source("TinyLlama/TinyLlama-1.1B", "", tinyllama, "llama")
+    assert source.matching_preset() == "b1" and source.seq_len("b1") == 2048
+    config = source.model_config(arch, "b1", 32000)
+    with torch.device("meta"):
+        stock = LlamaForCausalLM(tinyllama).state_dict()
+        model = AdaptiveDSForCausalLM(config)
+    state = dict(initial_tensors(model, "dense", lambda name, index=None: stock[name], set(stock)))
+    own = model.state_dict()
+    assert {k: v.shape for k, v in state.items()} == {k: v.shape for k, v in own.items()}
+    total = sum(p.numel() for p in model.parameters())
+    planned = plan("b1", arch, "a100", load("b1_a100.json"))
+    assert planned.total_parameters == total
+    assert planned.peak_gib > 0
