@@ -46,6 +46,8 @@ def _render(key: str, report: dict) -> str:
         from adaptive_ds.tools.loss_breakdown import markdown
     elif kind == "acceptance":
         from adaptive_ds.tools.acceptance import markdown
+    elif kind == "quickstart":
+        from adaptive_ds.tools.quickstart import markdown
     else:
         raise AssertionError(f"BENCHMARKS.md section {key}: no command renders a section of this kind")
     return markdown(report)
