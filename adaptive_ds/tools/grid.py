@@ -41,6 +41,7 @@ machine that made it. The statistics, tables and plots are adaptive_ds/tools/gri
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import logging
@@ -57,6 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ds_config as ds_config_reader
+from .. import pretrained
 from ..data import EMBEDDED
 from ..distributed import DISTRIBUTED_VARIABLES
 from ..flops import training_flops_per_token
@@ -127,6 +129,22 @@ class GridSpec:
     baseline: str = "dense"
     eval_batches: int | None = None
     name: str | None = None  # the last part of the section key and of the report's file names
+    # pretrained weights every run starts from (--init_from; "{seed}" in it is each run's seed): a continuation grid
+    init_from: str | None = None
+
+    def source(self, seed: int) -> str | None:
+        """The --init_from of the run of `seed`: the template with its seed, a glob of it matching one folder (a
+        base grid's run directory, whose name ends in a digest: runs/base/debug-embedded-dense-seed{seed}-*/final).
+        ValueError when a glob matches no folder or several."""
+        if self.init_from is None:
+            return None
+        path = self.init_from.replace("{seed}", str(seed))
+        if any(c in path for c in "*?["):
+            matches = sorted(glob.glob(path))
+            if len(matches) != 1:
+                raise ValueError(f"init_from {path!r} matches {len(matches)} folders; it must match one")
+            path = matches[0]
+        return path
 
     @property
     def key(self) -> str:
@@ -153,6 +171,8 @@ class GridSpec:
             args += ["--warmup_steps", str(self.warmup_steps)]
         if self.eval_batches is not None:
             args += ["--eval_batches", str(self.eval_batches)]
+        if self.init_from is not None:
+            args += ["--init_from", self.source(seed)]
         return args
 
     def run_dir(self, runs_dir: str, variant: Variant, seed: int) -> str:
@@ -165,6 +185,8 @@ class GridSpec:
         defaults = {k: v for k, v in VARIANTS[variant.arch].model.items() if k not in variant.model}
         if defaults:  # absent, the key is what it was before the defaults existed: those runs are still kept
             key += json.dumps(defaults, sort_keys=True).encode()
+        if self.init_from is not None:  # the weights it starts from, by content: a retrained base trains anew
+            key += pretrained.content_hash(pretrained.resolve(self.source(seed))).encode()
         slug = re.sub(r"[^a-z0-9]+", "-", variant.name.lower()).strip("-")[:40]
         digest = hashlib.sha256(key).hexdigest()[:10]
         return os.path.join(runs_dir, f"{self.preset}-{self.data_name}-{slug}-seed{seed}-{digest}")
@@ -183,6 +205,8 @@ class GridSpec:
             parts += ["--eval_batches", str(self.eval_batches)]
         if self.name is not None:
             parts += ["--name", self.name]
+        if self.init_from is not None:
+            parts += ["--init_from", self.init_from]
         return shlex.join(parts)
 
 
@@ -260,7 +284,21 @@ def load_run(run_dir: str) -> dict:
     if not metrics:
         raise GridError(f"the finished run {run_dir} logged no steps; move it away to train it again")
     curve = _flops_curve(metrics, config, summary["seq_len"], summary["time_breakdown_s"]["setup"])
-    return {"summary": summary, "metrics": metrics, "curve": curve, "trained": trained}
+    return {"summary": summary, "metrics": metrics, "curve": curve, "trained": trained,
+            "base_flops": _base_flops(summary)}
+
+
+def _base_flops(summary: dict) -> float | None:
+    """The training FLOPs of the run whose weights a run started from (--init_from): that run's own, where the
+    source is a run's final/ folder beside its summary and metrics; None for a run from random weights or another
+    source. A run's curve counts its own FLOPs only: the continuation's additional FLOPs."""
+    source = summary.get("base_model")
+    if not source or os.path.basename(os.path.normpath(source)) != "final":
+        return None
+    base = os.path.dirname(os.path.normpath(source))
+    if not os.path.isfile(os.path.join(base, "summary.json")):
+        return None
+    return load_run(base)["curve"][-1][0]
 
 
 def _mean(metrics: list[dict], group: str, key: str) -> float | None:
@@ -300,8 +338,11 @@ def run_row(run: dict, at: dict[str, float], peak_tflops: float | None, price: f
         xs, ys = zip(*[(c[axis], c[1]) for c in curve], strict=True)
         # a budget before the run's first logged step is not on its curve: no figure, rather than its first loss
         row[f"train_loss_at_equal_{name}"] = float(np.interp(at[name], xs, ys)) if at[name] >= xs[0] else None
+    base = run.get("base_flops")
     row.update({
         "training_flops": curve[-1][0], "tokens": s["tokens_seen"], "tokens_per_s": tokens_per_s,
+        # a continuation (--init_from a grid run's final/): the base run's FLOPs, and the total with this run's
+        "base_training_flops": base, "total_training_flops": curve[-1][0] + base if base is not None else None,
         "achieved_tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None,
         "peak_memory_gib": _peak_gib(s), "wall_time_s": s["wall_time_s"],
         "time_breakdown_s": {p: phases[p] for p in PHASES},
@@ -382,7 +423,8 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
         "machine": "; ".join(trained["machine"]), "gpu": gpu, "peak_tflops": peak_tflops, "price_per_hour": price,
         "commit": ", ".join(trained["commit"]),
         "date": " to ".join(dict.fromkeys([trained["date"][0], trained["date"][-1]])),  # one date, or a range
-        "ds_config": spec.ds_config, "command": spec.command(), "runs": rows, "failed": failed,
+        "ds_config": spec.ds_config, "init_from": spec.init_from, "command": spec.command(), "runs": rows,
+        "failed": failed,
         "results": {name: aggregate([r for r in rows if r["variant"] == name]) for name in names},
         "comparisons": compare(rows, spec.baseline),
     }
@@ -429,6 +471,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", help="a name for this grid (lower-case letters, digits, '-'): its section is "
                                   "grid:PRESET:DATA:NAME and its files grid_PRESET_DATA_NAME.*, apart from other "
                                   "grids of the same preset and data")
+    p.add_argument("--init_from", help="every run starts from these pretrained weights (the training's --init_from), "
+                                       "{seed} in it replaced by each run's seed, a glob matching one folder: a "
+                                       "continuation of one base run per seed, e.g. "
+                                       "'runs/base/debug-embedded-dense-seed{seed}-*/final'; the "
+                                       "source's content enters each run's directory name, and a run's FLOPs are "
+                                       "the continuation's, with the base run's beside them")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: report the runs that finished (a grid cut short), list the rest as not run")
     return p.parse_args(argv)
@@ -451,7 +499,14 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
         if repeated:
             raise SystemExit(f"error: {what}(s) {', '.join(repeated)} given twice; each trains once")
     found = [GridSpec(preset, variants, tuple(args.seeds), args.tokens, args.ds_config, args.data, args.tokenizer,
-                      args.warmup_steps, args.baseline, args.eval_batches, args.name) for preset in args.preset]
+                      args.warmup_steps, args.baseline, args.eval_batches, args.name, args.init_from)
+             for preset in args.preset]
+    if args.init_from is not None:  # every seed's base weights, before any run trains
+        try:
+            for seed in args.seeds:
+                pretrained.resolve(found[0].source(seed))
+        except ValueError as error:
+            raise SystemExit(f"error: --init_from, seed {seed}: {error}") from None
     for spec in found:
         for variant in variants:
             try:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -69,3 +70,27 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path, t
     assert [r["variant"] for r in cut["runs"]] == ["mod"] and cut["not_run"] == [{"variant": "dense", "seed": 1}]
     assert not os.path.exists(spec.run_dir(runs, parse_variant("dense"), 1)) and cut["failed"] == []
     assert "Not run (reported with `--report_only`, the grid cut short): `dense` seed 1." in markdown(cut)
+
+
+@pytest.mark.slow  # three tiny training runs: a base run, then its continuation as dense and as upcycled MoE
+def test_a_continuation_grid_starts_every_run_from_its_seeds_base_and_counts_the_base_flops(tmp_path,
+                                                                                            tiny_ds_config):
+    config = tiny_ds_config(micro=8, log_steps=1)
+    runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
+    base = run_grid(GridSpec("debug", (parse_variant("dense"),), (1,), 4096, config, warmup_steps=1,
+                             name="base"), out, os.path.join(runs, "base"))
+    template = os.path.join(runs, "base", "debug-embedded-dense-seed{seed}-*", "final")
+    main(["--variants", "dense", "moe", "--seeds", "1", "--tokens", "4096", "--ds_config", config,
+          "--warmup_steps", "1", "--out", out, "--runs", runs, "--name", "continued", "--init_from", template])
+    report = json.loads((tmp_path / "out" / "grid_debug_embedded_continued.json").read_text())
+    assert report["init_from"] == template and f"--init_from {shlex.quote(template)}" in report["command"]
+    base_flops = base["runs"][0]["training_flops"]
+    for row in report["runs"]:
+        summary = json.loads(open(os.path.join(runs, row["run_dir"], "summary.json")).read())
+        assert summary["base_model"].endswith("final") and summary["steps"] == 2  # this run's steps only
+        assert row["base_training_flops"] == base_flops
+        assert row["total_training_flops"] == pytest.approx(row["training_flops"] + base_flops)
+    # the same variant from random weights is another run (the source's content is part of its directory's name)
+    spec = GridSpec("debug", (parse_variant("dense"),), (1,), 4096, config, warmup_steps=1)
+    continued = GridSpec("debug", (parse_variant("dense"),), (1,), 4096, config, warmup_steps=1, init_from=template)
+    assert spec.run_dir(runs, parse_variant("dense"), 1) != continued.run_dir(runs, parse_variant("dense"), 1)
