@@ -494,6 +494,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed for the projection")
     p.add_argument("--price", type=float, help="$ per GPU-hour (default: the table in adaptive_ds/hardware.py)")
     p.add_argument("--vocab_size", type=int, default=32000)
+    p.add_argument("--init_from", help="plan the model a run --init_from this folder (or Hub id) trains: its shape's "
+                                       "preset (--preset, if given, must agree), its vocabulary, and what --arch "
+                                       "makes of it (a dense model upcycled, a Mixtral's experts)")
     p.add_argument("--validate", action="store_true", help="print predicted vs measured peaks")
     p.add_argument("--json", action="store_true")
     p.add_argument("--write", metavar="BENCHMARKS_MD",
@@ -512,11 +515,16 @@ def main(argv: list[str] | None = None) -> None:
             return
     except FileNotFoundError as error:
         raise SystemExit(f"error: {error}") from None
+    if args.init_from and args.gpu:
+        args.preset, args.vocab_size, init_model = _init_from(args.init_from, args.arch, args.preset)
     if not args.preset or not args.gpu:
-        p.error("--preset and --gpu are required (or --validate)")
+        p.error("--preset (or --init_from) and --gpu are required (or --validate)")
     try:
         raw = ds_config_reader.load(args.ds_config) if args.ds_config else {
             "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+        if args.init_from:  # what the folder fixes, under the block's own model overrides
+            block = raw.get("adaptive_ds", {})
+            raw = {**raw, "adaptive_ds": {**block, "model": {**init_model, **block.get("model", {})}}}
         options = dict(tokens=args.tokens, mfu=args.mfu, price=args.price, vocab_size=args.vocab_size)
         result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, **options)
         advice = advise(args.preset, args.arch, args.gpu, raw, args.gpus, **options)
@@ -529,6 +537,28 @@ def main(argv: list[str] | None = None) -> None:
         print(format_plan(result, advice))
     if not math.isfinite(result.peak_gib):
         raise SystemExit("error: the plan is not finite")
+
+
+def _init_from(name: str, arch: str, preset: str | None) -> tuple[str, int, dict]:
+    """The preset, vocabulary and model overrides of the model a run --init_from `name` as `arch` trains."""
+    from .. import pretrained
+
+    try:
+        source = pretrained.Source.open(name)
+        problems = source.arch_problems(arch, {})
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    preset = preset or source.matching_preset()
+    if preset is None:
+        raise SystemExit(f"error: init_from {name!r} has the shape of no preset ({source.shape()}); the planner plans "
+                         f"a preset's shape: {', '.join(PRESETS)}")
+    problems += [f"preset {preset} contradicts init_from {name!r} on {', '.join(source.preset_conflicts(preset))}"
+                 ] if source.preset_conflicts(preset) else []
+    if problems:
+        raise SystemExit(f"error: {'; '.join(problems)}")
+    config = source.model_config(arch, preset, source.config.vocab_size)
+    fixed = [k for k in pretrained.STRUCTURAL_FIELDS if k not in (*pretrained.SHAPE_FIELDS, "vocab_size")]
+    return preset, source.config.vocab_size, {k: getattr(config, k) for k in fixed}
 
 
 if __name__ == "__main__":

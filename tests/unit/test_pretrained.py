@@ -108,3 +108,22 @@ def test_a_tinyllama_shaped_llama_upcycles_to_b1_with_the_planners_counts(arch):
     planned = plan("b1", arch, "a100", load("b1_a100.json"))
     assert planned.total_parameters == total
     assert planned.peak_gib > 0
+
+
+@pytest.mark.parametrize("kind, arch", [("llama", "hybrid"), ("mixtral", "moe")])
+def test_the_planner_plans_the_model_an_init_from_run_trains(tmp_path, capsys, kind, arch):
+    import json
+
+    from helpers.pretrained_folders import DEBUG
+
+    from adaptive_ds.tools.plan import main
+
+    folder = (llama_folder if kind == "llama" else mixtral_folder)(tmp_path / kind, shape=DEBUG)
+    main(["--init_from", str(folder), "--arch", arch, "--gpu", "t4", "--json"])
+    planned = json.loads(capsys.readouterr().out)
+    source = Source.open(str(folder))
+    with torch.device("meta"):
+        model = AdaptiveDSForCausalLM(source.model_config(arch, "debug", source.config.vocab_size))
+    assert planned["preset"] == "debug" and planned["total_parameters"] == sum(p.numel() for p in model.parameters())
+    with pytest.raises(SystemExit, match="preset b1 contradicts"):
+        main(["--init_from", str(folder), "--arch", arch, "--gpu", "t4", "--preset", "b1"])
