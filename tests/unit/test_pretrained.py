@@ -127,3 +127,29 @@ def test_the_planner_plans_the_model_an_init_from_run_trains(tmp_path, capsys, k
     assert planned["preset"] == "debug" and planned["total_parameters"] == sum(p.numel() for p in model.parameters())
     with pytest.raises(SystemExit, match="preset b1 contradicts"):
         main(["--init_from", str(folder), "--arch", arch, "--gpu", "t4", "--preset", "b1"])
+
+
+def test_the_preset_is_the_folders_shape_when_none_is_named(tmp_path, llama):
+    import json
+
+    from helpers.pretrained_folders import DEBUG
+
+    from adaptive_ds.training.arguments import ConfigError, parse
+
+    config = tmp_path / "ds.json"  # a ds_config whose block names no preset
+    config.write_text(json.dumps({"adaptive_ds": {"max_steps": 2}, "train_micro_batch_size_per_gpu": 2,
+                                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
+    debug_shaped = llama_folder(tmp_path / "debug", shape=DEBUG)
+    settings, _ = parse(["--ds_config", str(config), "--init_from", str(debug_shaped), "--preset", "debug"], 1)
+    assert settings.preset == "debug" and settings.tokenizer == str(debug_shaped)  # the folder's tokenizer
+    settings, _ = parse(["--ds_config", str(config), "--init_from", str(debug_shaped)], 1)
+    assert settings.preset == "debug"
+    settings, _ = parse(["--ds_config", str(config), "--init_from", str(llama), "--arch", "moe"], 1)
+    assert settings.preset == "debug"  # no preset has the tiny shape: the default one, for seq_len only
+    with pytest.raises(ConfigError, match="preset b1 contradicts") as error:
+        parse(["--ds_config", str(config), "--init_from", str(debug_shaped), "--preset", "b1"], 1)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="preset debug contradicts"):  # named by the ds_config's block
+        block = tmp_path / "named.json"
+        block.write_text(json.dumps({**json.loads(config.read_text()), "adaptive_ds": {"preset": "debug"}}))
+        parse(["--ds_config", str(block), "--init_from", str(llama)], 1)
