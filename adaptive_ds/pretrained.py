@@ -285,17 +285,22 @@ class Source:
                     model.config.arch)
 
 
+    def problems(self, arch: str, overrides: dict, preset: str | None) -> list[str]:
+        """What is wrong with starting `arch` from the folder (`preset`: the preset named on the command line or in
+        the ds_config, None when none is), for the settings check: one line per problem."""
+        found = self.feature_problems() + self.arch_problems(arch, overrides)
+        conflicts = self.preset_conflicts(preset) if preset in PRESETS else []
+        if conflicts:
+            shaped = self.matching_preset() or "none matches"
+            found.append(f"preset {preset} contradicts init_from {self.name!r} on {', '.join(conflicts)}; the shape "
+                         f"comes from the folder: name the preset of its shape ({shaped}) or none")
+        return found
+
+
 def problems(name: str, arch: str, overrides: dict, preset: str | None) -> list[str]:
-    """What is wrong with starting `arch` from `name` (`preset`: the preset named on the command line or in the
-    ds_config, None when none is), for the settings check: one line per problem."""
+    """`Source.problems` of the folder `name`, or the one line of why it does not open."""
     try:
         source = Source.open(name)
     except ValueError as error:
         return [str(error)]
-    found = source.feature_problems() + source.arch_problems(arch, overrides)
-    conflicts = source.preset_conflicts(preset) if preset in PRESETS else []
-    if conflicts:
-        found.append(f"preset {preset} contradicts init_from {name!r} on {', '.join(conflicts)}; the shape comes "
-                     f"from the folder: name the preset of its shape ({source.matching_preset() or 'none matches'}) "
-                     "or none")
-    return found
+    return source.problems(arch, overrides, preset)

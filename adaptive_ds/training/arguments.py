@@ -244,13 +244,13 @@ def _settings_from_block(block, path: str) -> RunSettings:
 
 def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_named: bool = True) -> None:
     """Collect every problem and raise once, naming the valid choices. `preset_named`: the preset was named (on the
-    command line or in the ds_config), so that with `init_from` it must agree with the folder's shape."""
+    command line or in the ds_config), so that with `init_from` it must agree with the folder's shape (else it
+    becomes the preset of that shape: `init_from_check`)."""
     problems = _field_problems(settings)
+    init_model = None
     if isinstance(settings.init_from, str) and isinstance(settings.model, dict) and settings.arch in ARCHITECTURES:
-        problems += pretrained.problems(settings.init_from, settings.arch, settings.model,
-                                        settings.preset if preset_named else None)
-        if problems:  # the model checks below read the folder
-            raise ConfigError("; ".join(problems))
+        init_model, found = init_from_check(settings, preset_named)
+        problems += found
     if isinstance(settings.data, str):
         problems += source_problems(settings.data)
     micro = settings.micro_batch
@@ -273,7 +273,7 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
             except ValueError as e:
                 controller.append(str(e))
         problems += controller
-    model = _model(settings, problems)
+    model = init_model if settings.init_from is not None else _model(settings, problems)
     layout_problems = ds_config_reader.problems(ds_config, world_size)
     problems += layout_problems
     resuming = settings.output_dir is not None and _holds_a_checkpoint(settings.output_dir)
@@ -324,13 +324,29 @@ def _model(settings: RunSettings, problems: list[str]) -> AdaptiveDSConfig | Non
         return None
     try:
         # the tokenizer's vocabulary is not known yet; a placeholder suffices to check the architecture
-        if settings.init_from is not None:
-            return pretrained.Source.open(settings.init_from).model_config(settings.arch, settings.preset, 256,
-                                                                           **settings.model)
         return model_config(settings.preset, settings.arch, 256, **settings.model)
     except ValueError as e:
         problems.append(f"model: {e}")
         return None
+
+
+def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[AdaptiveDSConfig | None, list[str]]:
+    """With `init_from`: the model the run will build from the folder (its vocabulary aside) and the folder's problems,
+    one line each (`pretrained.Source.problems`); without a named preset, `settings.preset` becomes the preset of
+    the folder's shape, if one has it."""
+    try:
+        source = pretrained.Source.open(settings.init_from)
+    except ValueError as error:
+        return None, [str(error)]
+    if not preset_named:
+        settings.preset = source.matching_preset() or settings.preset
+    found = source.problems(settings.arch, settings.model, settings.preset if preset_named else None)
+    if found:
+        return None, found
+    try:
+        return source.model_config(settings.arch, settings.preset, 256, **settings.model), []
+    except ValueError as error:
+        return None, [f"model: {error}"]
 
 
 def check_precision(ds_config: dict, capability: tuple[int, int] | None) -> None:
@@ -368,8 +384,6 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     if isinstance(settings.init_from, str) and args.tokenizer is None and "tokenizer" not in block:
         settings.tokenizer = settings.init_from  # streamed text: the folder's tokenizer, which comes with the weights
     validate(settings, ds_config, world_size, preset_named)
-    if settings.init_from is not None and not preset_named:  # the preset of the folder's shape, if there is one
-        settings.preset = pretrained.Source.open(settings.init_from).matching_preset() or settings.preset
     return settings, ds_config
 
 
