@@ -393,3 +393,26 @@ def test_the_presets_table_of_the_hardware_page_is_presets_py():
         name: (p.hidden_size, p.num_hidden_layers, p.num_attention_heads, p.num_key_value_heads,
                p.intermediate_size, p.seq_len, p.num_local_experts, p.num_experts_per_tok)
         for name, p in PRESETS.items()}
+
+
+def _conclusion_rows() -> list[str]:
+    conclusions = BENCHMARKS.split("\n## Conclusions\n")[1].split("\n## ")[0]
+    return [line for line in conclusions.splitlines() if line.startswith("| ") and not line.startswith("| ---")
+            and "](#" in line]
+
+
+def test_each_conclusion_row_links_the_section_that_holds_its_figures():
+    """A row of BENCHMARKS.md's conclusions states only figures of the section it links, as that section writes
+    them (so a regenerated section cannot leave its conclusion behind)."""
+    sections = dict(re.findall(r"^<!-- ([\w:.+-]+) -->\n(.*?)\n<!-- /\1 -->$", BENCHMARKS, flags=re.S | re.M))
+    by_anchor = {_slug(key): key for key in sections}
+    rows = _conclusion_rows()
+    assert len(rows) >= 15
+    for row in rows:
+        keys = [by_anchor[anchor] for anchor in re.findall(r"\]\(#([\w-]+)\)", row)]
+        assert keys, f"the row links no section: {row}"
+        shown = re.sub(r"`[^`]*`|\[[^\]]*\]\([^)]*\)", "", row)
+        figures = re.findall(r"[+-]?\d[\d,]*\.\d+", shown)
+        assert figures, row
+        for figure in figures:
+            assert any(figure in sections[key] for key in keys), f"{figure} is not in {keys}: {row}"
