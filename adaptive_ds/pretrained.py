@@ -19,7 +19,8 @@ What comes from where:
   its own architecture with its own settings. An upcycled MoE takes its expert count and top-k from the preset and
   the architecture's defaults, as a model trained from scratch would.
 - The tokenizer comes with the weights: data prepared or streamed with another vocabulary is refused in one line;
-  streamed text is tokenized with the folder's tokenizer unless `--tokenizer` names one; the embedded corpus needs a
+  streamed text is tokenized with the folder's tokenizer unless `--tokenizer` on the command line names one (a
+  ds_config's tokenizer, written for runs from scratch, does not); the embedded corpus needs a
   folder whose tokenizer is the embedded corpus's.
 - Llama and Mixtral features the model does not have are refused in one line each: scaled RoPE (`rope_scaling`, a
   `rope_parameters` type other than the default), `attention_bias`, `mlp_bias`, `sliding_window`, tied

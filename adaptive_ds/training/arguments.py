@@ -381,8 +381,9 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
         # an arch set where the variant is, or over it, must agree with it; a --variant flag replaces the block's arch
         _apply_variant(settings, arch_given=args.arch is not None or (args.variant is None and "arch" in block))
     preset_named = args.preset is not None or "preset" in block
-    if isinstance(settings.init_from, str) and args.tokenizer is None and "tokenizer" not in block:
-        settings.tokenizer = settings.init_from  # streamed text: the folder's tokenizer, which comes with the weights
+    if isinstance(settings.init_from, str) and args.tokenizer is None:
+        # streamed text: the folder's tokenizer, which comes with the weights (over a ds_config's bpe:N, say)
+        settings.tokenizer = settings.init_from
     validate(settings, ds_config, world_size, preset_named)
     return settings, ds_config
 

@@ -137,11 +137,12 @@ def test_the_preset_is_the_folders_shape_when_none_is_named(tmp_path, llama):
     from adaptive_ds.training.arguments import ConfigError, parse
 
     config = tmp_path / "ds.json"  # a ds_config whose block names no preset
-    config.write_text(json.dumps({"adaptive_ds": {"max_steps": 2}, "train_micro_batch_size_per_gpu": 2,
+    config.write_text(json.dumps({"adaptive_ds": {"max_steps": 2, "tokenizer": "bpe:64"},
+                                  "train_micro_batch_size_per_gpu": 2,
                                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
     debug_shaped = llama_folder(tmp_path / "debug", shape=DEBUG)
     settings, _ = parse(["--ds_config", str(config), "--init_from", str(debug_shaped), "--preset", "debug"], 1)
-    assert settings.preset == "debug" and settings.tokenizer == str(debug_shaped)  # the folder's tokenizer
+    assert settings.preset == "debug" and settings.tokenizer == str(debug_shaped)  # the folder's, not the block's
     settings, _ = parse(["--ds_config", str(config), "--init_from", str(debug_shaped)], 1)
     assert settings.preset == "debug"
     settings, _ = parse(["--ds_config", str(config), "--init_from", str(llama), "--arch", "moe"], 1)
