@@ -78,6 +78,7 @@ def parse_only(monkeypatch, tmp_path):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
     monkeypatch.setattr(arguments, "source_problems", lambda source: [])
+    monkeypatch.setattr(arguments, "init_from_check", lambda settings, preset_named: (None, []))  # nor --init_from's
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["check"])
 
