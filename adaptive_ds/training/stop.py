@@ -88,7 +88,9 @@ class StopRequest:
         return stop
 
     def within_grace(self) -> bool:
-        """Whether the grace period since the signal has not passed, as rank 0 sees it (every rank gets its
-        answer: the save that follows is collective)."""
-        fresh = self.received is None or time.monotonic() - self.received <= self.grace_s
-        return bool(distributed.broadcast_object(fresh))
+        """Whether the grace period since the first signal any rank received has not passed (collective: every rank
+        gets the same answer, as the save that follows is collective). A cloud that reclaims one machine signals
+        its ranks only; the others stop for them, and their own clocks never started."""
+        age = None if self.received is None else time.monotonic() - self.received
+        ages = [a for a in distributed.all_gather_object(age) if a is not None]
+        return not ages or max(ages) <= self.grace_s

@@ -90,3 +90,18 @@ def test_a_second_signal_stops_at_once(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         _fake_run(tmp_path, Twice(log, {3: signal.SIGINT}))
     assert latest_tag(str(tmp_path / "run")) is None
+
+
+def test_the_grace_period_runs_from_the_first_signal_any_rank_received(monkeypatch):
+    """On a preemptible cluster the cloud signals the machine it takes, not rank 0's: the ranks that stop for another
+    rank's signal must not find the grace period fresh. Here this process is rank 0 of two, never signalled, and its
+    peer received the signal 40 s ago (the gathered ages stand in for the peer's answer)."""
+    from adaptive_ds import distributed
+    from adaptive_ds.training import stop
+
+    request = stop.StopRequest(grace_s=30)
+    request.signum = signal.SIGTERM  # adopted from the peer at the agreement: this rank received nothing itself
+    monkeypatch.setattr(distributed, "all_gather_object", lambda age: [age, 40.0])
+    assert not request.within_grace()
+    monkeypatch.setattr(distributed, "all_gather_object", lambda age: [age, 5.0])
+    assert request.within_grace()
