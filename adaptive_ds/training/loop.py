@@ -306,7 +306,6 @@ class Trainer:
         if saved is None:
             raise TrainingStopped(f"step {step} needs a rollback but there is no checkpoint yet; set save_steps")
         self.controller.rolled_back(saved["controller"])
-        self.checkpointer.pending = False  # a save postponed before the rollback is owed by steps now undone
         self.applied = None  # the load restored the scheduler's learning rates: apply the knobs again
         back = saved["step"]
         self.metrics.rewind(back, f"rolled back at step {step} to the checkpoint at step {back}")

@@ -256,7 +256,11 @@ class Checkpointer:
         RNG. Returns its run state (None: nothing to resume); CheckpointError when nothing is left to restore."""
         if rollback:
             tag = self.rollback_target()
-            return None if tag is None else restore(self.engine, self.output_dir, tag, self.identity)
+            if tag is None:
+                return None
+            saved = restore(self.engine, self.output_dir, tag, self.identity)
+            self.pending = False  # a save postponed before the rollback was owed by steps now undone
+            return saved
         tag, root = self.resume_tag, checkpoint_root(self.output_dir)
         while tag is not None:
             try:
