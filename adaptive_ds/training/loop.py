@@ -496,7 +496,7 @@ class Trainer:
         # the bar closed whatever ends the loop, so that a last line (a stop's) starts a line of its own
         with tqdm(total=settings.max_steps, initial=self.start_step, disable=self.rank != 0, dynamic_ncols=True,
                   desc="train") as bar, logging_redirect_tqdm(loggers=[logging.getLogger("adaptive_ds")]), \
-                StopRequest(settings.stop_grace_s) as stop:
+                StopRequest(settings.stop_grace_s, settings.collective_timeout_s) as stop:
             while step < settings.max_steps and not self.stopped_early:
                 step = self.step = step + 1
                 distributed.progress.step = step  # for the one line printed if a process is lost

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -40,7 +41,8 @@ class StopRequest:
     """Installs the marking handlers for SIGTERM and SIGINT while the training loop runs (`with StopRequest(...)`),
     and answers, at each step boundary, whether every rank has agreed to stop (`agreed`)."""
 
-    def __init__(self, grace_s: float):
+    def __init__(self, grace_s: float, timeout_s: float | None = None):
+        """`timeout_s`: the run's collective timeout (`collective_timeout_s`), which bounds the agreement too."""
         self.grace_s = grace_s
         self.signum: int | None = None  # the first signal this process received
         self.received: float | None = None  # when (monotonic seconds)
@@ -50,7 +52,8 @@ class StopRequest:
         self._work = None
         if distributed.world_size() > 1:
             # a CPU (gloo) group, so that the agreement never waits on the device's stream
-            self._group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            timeout = None if timeout_s is None else timedelta(seconds=timeout_s)  # else gloo's default
+            self._group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
 
     def __enter__(self) -> StopRequest:
         for signum in SIGNALS:

@@ -105,3 +105,19 @@ def test_the_grace_period_runs_from_the_first_signal_any_rank_received(monkeypat
     assert not request.within_grace()
     monkeypatch.setattr(distributed, "all_gather_object", lambda age: [age, 5.0])
     assert request.within_grace()
+
+
+def test_the_agreements_own_group_waits_no_longer_than_the_runs_collectives(monkeypatch):
+    """On NCCL the agreement runs in a gloo group of its own, which torch would create with gloo's 30-minute default:
+    a hung peer must fail it after the run's collective timeout, as it fails every other collective."""
+    from datetime import timedelta
+
+    from adaptive_ds import distributed
+    from adaptive_ds.training import stop
+
+    made = []
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(stop.dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(stop.dist, "new_group", lambda **kwargs: made.append(kwargs))
+    stop.StopRequest(grace_s=30, timeout_s=120)
+    assert made == [{"backend": "gloo", "timeout": timedelta(seconds=120)}]
