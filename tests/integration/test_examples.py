@@ -58,7 +58,7 @@ def _run(args: list[str], cwd: Path, timeout: int = 600, **env) -> str:
 
 def test_every_example_is_tested():
     tested = {"finetune_peft.py", "compare_architectures.sh", "own_data.sh", "push_to_hub.py",
-              "torchrun_two_nodes.sh"}
+              "torchrun_two_nodes.sh", "init_from_llama.sh"}
     assert {p.name for p in EXAMPLES.iterdir() if p.suffix in (".py", ".sh")} == tested
 
 
@@ -168,3 +168,17 @@ def test_torchrun_two_nodes_trains_one_run_of_two_processes(workdir):
                 node.communicate()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2
+
+
+@pytest.mark.slow
+def test_init_from_llama_continues_a_stock_llama_and_upcycles_it_to_moe(workdir):
+    from helpers.pretrained_folders import DEBUG, llama_folder
+
+    llama = llama_folder(workdir / "llama", shape=DEBUG)  # the debug preset's shape, the embedded corpus's tokenizer
+    _run(["bash", "examples/init_from_llama.sh", str(llama), "embedded", "--max_steps", "2", "--warmup_steps", "1",
+          "--eval_batches", "1", "--log_steps", "1"], workdir, DS_CONFIG="ds_configs/debug_cpu.json")
+    dense = json.loads((workdir / "runs" / "from_llama" / "dense" / "summary.json").read_text())
+    moe = json.loads((workdir / "runs" / "from_llama" / "moe" / "summary.json").read_text())
+    assert (dense["arch"], moe["arch"]) == ("dense", "moe") and dense["steps"] == moe["steps"] == 2
+    assert moe["total_parameters"] > dense["total_parameters"]  # the MLP copied into every expert
+    assert (dense["base_model"], moe["base_model"]) == (str(llama), "runs/from_llama/dense/final")
