@@ -154,3 +154,26 @@ def test_the_preset_is_the_folders_shape_when_none_is_named(tmp_path, llama):
         block = tmp_path / "named.json"
         block.write_text(json.dumps({**json.loads(config.read_text()), "adaptive_ds": {"preset": "debug"}}))
         parse(["--ds_config", str(block), "--init_from", str(llama)], 1)
+
+
+def test_a_hub_id_is_resolved_through_the_hf_cache_and_a_missing_one_refused_in_one_line(monkeypatch, llama):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from adaptive_ds.pretrained import SOURCE_FILES, resolve
+
+    asked = []
+
+    def snapshot(repo_id, allow_patterns):
+        asked.append((repo_id, allow_patterns))
+        return str(llama)  # the snapshot folder the cache holds
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    assert resolve("TinyLlama/TinyLlama_v1.1") == str(llama)
+    assert asked == [("TinyLlama/TinyLlama_v1.1", list(SOURCE_FILES))]
+
+    def offline(repo_id, allow_patterns):
+        raise LocalEntryNotFoundError("not in the cache and the Hub cannot be reached")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    _one_line(problems("TinyLlama/TinyLlama_v1.1", "dense", {}, None), "no Hub model in the HF cache")
