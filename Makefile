@@ -29,7 +29,7 @@ train: setup
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 8 --dist worksteal
 
-# The GPU acceptance run (README, "GPU acceptance"); a dry run of every stage on a machine without CUDA.
+# The GPU acceptance run (docs/hardware.md, "GPU acceptance"); a dry run of every stage on a machine without CUDA.
 gpu-check: setup
 	$(BIN)/python -m adaptive_ds.acceptance
 

@@ -107,7 +107,7 @@ class _Start:
     levels: tuple[tuple[list[str], dict], ...] = ()
 
     def savings(self) -> list[tuple[list[str], dict]]:
-        """The memory savings the config has not taken, every combination, fewest and cheapest first (README,
+        """The memory savings the config has not taken, every combination, fewest and cheapest first (docs/hardware.md,
         "When it does not fit"), each after the fixes."""
         knobs = []
         if self.layout.micro_batch > 1:

@@ -4,7 +4,7 @@ A ds_config may hold one namespaced block, ``"adaptive_ds": {...}``, naming the 
 settings. It is removed before DeepSpeed sees the config; command-line flags override it.
 
 `RunSettings` is the one definition of those settings: each field's type, default, help and valid choices
-generate its ``--flag``, its checks in `validate()` and the README's table (`settings_markdown()`).
+generate its ``--flag``, its checks in `validate()` and the settings table of docs/training.md (`settings_markdown()`).
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def _default_json(f: Field) -> str:
 
 
 def settings_markdown() -> str:
-    """The README's table of run settings: block key and flag, type, default, meaning."""
+    """The settings table of docs/training.md: block key and flag, type, default, meaning."""
     hints = _types(RunSettings)
     lines = ["| block key / flag | type | default | meaning |", "|---|---|---|---|"]
     for f in fields(RunSettings):
@@ -430,7 +430,7 @@ def settings_markdown() -> str:
 
 
 def write_settings_table(path: str) -> None:
-    """Regenerate the README's settings table between its ``<!-- settings -->`` markers."""
+    """Regenerate the settings table (docs/training.md) between its ``<!-- settings -->`` markers."""
     from ..markdown_sections import replace_section
 
     replace_section(path, "settings", settings_markdown(), "Run settings")
