@@ -259,12 +259,21 @@ def test_each_python_block_compiles_and_imports_what_exists(body):
 
 
 def _benchmarks_commands() -> list[str]:
-    return sorted(set(re.findall(r"^Measured .*?: `(python -m adaptive_ds\.[^`]*)`", BENCHMARKS, flags=re.M)))
+    """Every command a generated section of BENCHMARKS.md records (its provenance line, a table's source column)."""
+    sections = re.findall(r"^<!-- ([\w:.+-]+) -->\n(.*?)\n<!-- /\1 -->$", BENCHMARKS, flags=re.S | re.M)
+    return sorted({command for _, text in sections
+                   for command in re.findall(r"`(python -m adaptive_ds\.[^`]*)`", text)})
 
 
 @pytest.mark.parametrize("command", _benchmarks_commands())
 def test_the_commands_benchmarks_sections_record_parse(command, parse_only):
     _check(shlex.split(command))
+
+
+def test_the_recorded_commands_are_found():
+    commands = _benchmarks_commands()
+    assert len(commands) >= 15 and any("adaptive_ds.grid" in c for c in commands)
+    assert any("adaptive_ds.benchmark --memory" in c for c in commands)
 
 
 def test_a_wrong_flag_or_a_moved_file_fails_the_check(parse_only):
