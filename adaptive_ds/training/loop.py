@@ -343,7 +343,9 @@ class Trainer:
         micro_steps_before = engine.micro_steps
         if engine.device.type == "cuda":  # page-locked, so each micro-batch's copy is asynchronous
             rows = {k: v.pin_memory() for k, v in rows.items()}
-        targets = (rows["labels"][:, 1:] != -100).sum().to(engine.device, torch.float32)
+        # counted on the host, where the rows are, and filled in on the device: a plain copy to the device would wait
+        # for the steps still running there
+        targets = torch.full((), int((rows["labels"][:, 1:] != -100).sum()), dtype=torch.float32, device=engine.device)
         if self.world > 1:
             dist.all_reduce(targets)  # on the device: no host synchronisation
         try:

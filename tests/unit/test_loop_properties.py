@@ -15,6 +15,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 from helpers.common import write_ds_config
 from helpers.fake_engine import EngineLog, FakeEngine, FakeFaults, Killed
 from hypothesis import HealthCheck, given, settings
@@ -286,3 +287,21 @@ def test_the_step_losses_reach_the_host_once_per_window_validation_or_save(tmp_p
     _run(tmp_path, log, FakeFaults(log), max_steps=20, log_steps=log_steps, eval_steps=eval_steps,
          save_steps=save_steps)
     assert CountingTensor.reads == reads
+
+
+def test_a_step_copies_to_the_device_without_waiting_for_it(tmp_path):
+    """A copy to the device that is not non_blocking waits for the device's stream to drain (torch synchronises after
+    it): once a step would make the host wait for the steps before it, which the losses left on the device avoid.
+    Every copy the training loop makes to the engine's device is recorded (the stand-in's device is the CPU, where
+    torch would not wait, but the loop's call is the same)."""
+    log, blocking = EngineLog(), []
+    to = torch.Tensor.to
+
+    def recording(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.device) and not kwargs.get("non_blocking", False):
+            blocking.append((tuple(self.shape), args))
+        return to(self, *args, **kwargs)
+
+    with mock.patch.object(torch.Tensor, "to", recording):
+        _run(tmp_path, log, FakeFaults(log), max_steps=3, eval_steps=0)
+    assert blocking == []
