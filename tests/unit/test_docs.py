@@ -426,3 +426,25 @@ def test_each_conclusion_row_links_the_section_that_holds_its_figures():
         assert figures, row
         for figure in figures:
             assert any(figure in sections[key] for key in keys), f"{figure} is not in {keys}: {row}"
+
+
+def test_the_readmes_expected_output_is_what_make_train_prints():
+    """The last lines README.md shows for `make train` are the run's own formats, and its token count the default
+    run's (600 steps of the debug config's rows at the debug preset's sequence length)."""
+    from adaptive_ds import ds_config
+    from adaptive_ds.export import final
+    from adaptive_ds.training.loop import _describe
+
+    readme = (ROOT / "README.md").read_text()
+    block = next(body for lang, _, body, _ in _blocks(ROOT / "README.md") if lang == "text" and "summary:" in body)
+    saved, summary, launcher = block.strip().splitlines()
+    assert "saved the final model and tokenizer to %s" in Path(final.__file__).read_text()
+    assert saved.endswith("INFO adaptive_ds.export.final: saved the final model and tokenizer to "
+                          "runs/debug-dense-.../final")
+    settings, config = parse(["--ds_config", DEBUG_CPU], 1)
+    tokens = settings.max_steps * ds_config.read(config).rows_per_rank_step * PRESETS[settings.preset].seq_len
+    described = _describe({"validation_loss": 2.5, "final_perplexity": 12.18, "tokens_seen": tokens, "wall_time_s": 300,
+                           "entropy_floor": 1.4, "unigram_entropy": 4.1, "captured": 0.5})
+    expected = summary.split("summary: ", 1)[1]
+    assert re.fullmatch(re.escape(expected).replace(re.escape("..."), r"[\d.]+"), described), (expected, described)
+    assert "Process ... exits successfully." in launcher and "make train" in readme
