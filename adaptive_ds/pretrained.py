@@ -216,9 +216,9 @@ class Source:
                       rope_theta=self.rope_theta, max_position_embeddings=c.max_position_embeddings,
                       num_local_experts=p.num_local_experts, num_experts_per_tok=p.num_experts_per_tok)
         fields.update(VARIANTS[arch].model)
-        if self.kind == "mixtral":  # Mixtral's routing: its experts and top-k, renormalised, dropless
+        if self.kind == "mixtral":  # Mixtral's routing: its experts and top-k, renormalised (for k = 1 too), dropless
             fields.update(num_local_experts=c.num_local_experts, num_experts_per_tok=c.num_experts_per_tok,
-                          moe_drop_tokens=False)
+                          moe_renormalize_top1=c.num_experts_per_tok == 1, moe_drop_tokens=False)
         fields.update(overrides)
         if self.arch == "dense" and arch != "dense":  # upcycled: the first forward pass is the dense model's
             upcycled = {"mod_straight_through": arch in ("mod", "hybrid"),

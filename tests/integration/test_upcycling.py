@@ -152,6 +152,16 @@ def test_a_stock_mixtral_imports_as_moe_with_its_logits(tmp_path, ids, layout):
     torch.testing.assert_close(logits(model, ids), logits(stock, ids), rtol=0, atol=1e-5)
 
 
+def test_a_top1_mixtral_imports_with_its_renormalised_weight(tmp_path, ids):
+    """Mixtral renormalises its top-k weights for every k: with one expert a token's weight is 1, not the raw gate
+    probability that our top-1 routing uses unless moe_renormalize_top1 is on."""
+    folder = mixtral_folder(tmp_path / "mixtral", num_experts_per_tok=1)
+    stock = MixtralForCausalLM.from_pretrained(folder).eval()
+    model = imported(folder, "moe")
+    assert model.config.num_experts_per_tok == 1 and model.config.moe_renormalize_top1
+    torch.testing.assert_close(logits(model, ids), logits(stock, ids), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("overrides", [{"num_experts_per_tok": 1}, {"moe_expert_granularity": 2}],
                          ids=["top1", "fine2-top4"])
 def test_an_upcycled_moe_exports_to_a_stock_mixtral_with_its_logits(llama, ids, overrides):
