@@ -5,8 +5,12 @@ While the training loop runs, the signal only marks the request. At each step bo
 to the others through a non-blocking all-reduce (started at one boundary, read at the next: no rank waits on it,
 and no host synchronisation of the device), so the ranks agree to stop at the same boundary, at most two steps
 after the signal reached any of them. The run then saves a checkpoint there, if the grace period since the signal
-has not passed and the weights are healthy, and ends with a line that says the same command resumes it. A second
-signal stops at once, as before the loop: the handler that was there before takes it.
+has not passed and the weights are healthy, and ends with a line that says the same command resumes it.
+
+Within the grace period a further signal only marks again: one request often arrives twice (Ctrl-C reaches the
+workers from the terminal, and deepspeed's launcher then sends them SIGTERM too; a preemption notice may be repeated).
+Once the grace period has passed, a further signal stops at once, as before the loop: the handler that was there
+before takes it.
 
 When a peer is gone (a launcher tearing a failed run down), the all-reduce fails like any collective, and the run
 ends with its lost-contact line without waiting.
@@ -65,15 +69,18 @@ class StopRequest:
             signal.signal(signum, handler)
 
     def _mark(self, signum: int, frame) -> None:
-        if self.signum is not None:  # a second signal: stop at once, as the handler before the loop does
+        if self.signum is not None and time.monotonic() - self.received < self.grace_s:
+            logger.info("%s: already stopping at the next step boundary", signal.Signals(signum).name)
+            return
+        if self.signum is not None:  # past the grace period: stop at once, as the handler before the loop does
             self.__exit__()
             previous = self._previous[signum]
             if callable(previous):
                 previous(signum, frame)
             raise KeyboardInterrupt
         self.signum, self.received = signum, time.monotonic()
-        logger.warning("%s: the run saves a checkpoint at the next step boundary and stops (send it again to stop "
-                       "at once)", signal.Signals(signum).name)
+        logger.warning("%s: the run saves a checkpoint at the next step boundary and stops (a signal after %s s "
+                       "stops it at once)", signal.Signals(signum).name, f"{self.grace_s:g}")
 
     def agreed(self) -> bool:
         """Whether the ranks agree to stop at this boundary: every rank answers the same."""

@@ -1,6 +1,6 @@
 """A stop request on the stand-in engine (tests/helpers/fake_engine.py): SIGTERM or SIGINT saves at the next step
 boundary and the same command resumes; past the grace period or on unhealthy weights the run stops without a
-checkpoint; a second signal stops it at once."""
+checkpoint; a second signal stops it at once only once the grace period has passed."""
 
 import json
 import signal
@@ -79,16 +79,25 @@ def test_past_the_grace_period_or_on_unhealthy_weights_it_stops_without_a_checkp
                                   "rerun the same command to start again (no checkpoint was saved yet)")
 
 
-def test_a_second_signal_stops_at_once(tmp_path):
-    log = EngineLog()
+class _Twice(_Signal):
+    """SIGINT before step 3 (Ctrl-C in the terminal), then SIGTERM inside it (deepspeed's launcher passing the same
+    request on to its workers)."""
 
-    class Twice(_Signal):
-        def before_micro_batch(self, trainer, step, index, micro_batch):
-            if step == 3 and index == 1:  # the first signal arrived before step 3: the second inside it
-                signal.raise_signal(signal.SIGINT)
+    def before_micro_batch(self, trainer, step, index, micro_batch):
+        if step == 3 and index == 1:
+            signal.raise_signal(signal.SIGTERM)
 
+
+def test_a_second_signal_within_the_grace_period_still_saves(tmp_path):
+    with pytest.raises(StopRequested) as stopped:
+        _fake_run(tmp_path, _Twice(EngineLog(), {3: signal.SIGINT}))
+    assert str(stopped.value) == "stopped by SIGINT at step 3, saved; rerun the same command to resume from step 3"
+    assert latest_tag(str(tmp_path / "run")) == "step00000003"
+
+
+def test_a_second_signal_past_the_grace_period_stops_at_once(tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        _fake_run(tmp_path, Twice(log, {3: signal.SIGINT}))
+        _fake_run(tmp_path, _Twice(EngineLog(), {3: signal.SIGINT}), stop_grace_s=0)
     assert latest_tag(str(tmp_path / "run")) is None
 
 
