@@ -251,6 +251,8 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
     if isinstance(settings.init_from, str) and isinstance(settings.model, dict) and settings.arch in ARCHITECTURES:
         init_model, found = init_from_check(settings, preset_named)
         problems += found
+    elif settings.init_from is None and _upcycle_noise(settings):
+        problems.append(_noise_needs(settings))
     if isinstance(settings.data, str):
         problems += source_problems(settings.data)
     micro = settings.micro_batch
@@ -330,6 +332,16 @@ def _model(settings: RunSettings, problems: list[str]) -> AdaptiveDSConfig | Non
         return None
 
 
+def _upcycle_noise(settings: RunSettings) -> bool:
+    noise = settings.upcycle_noise
+    return isinstance(noise, (int, float)) and not isinstance(noise, bool) and noise > 0
+
+
+def _noise_needs(settings: RunSettings) -> str:
+    return (f"upcycle_noise {settings.upcycle_noise} perturbs the expert copies of a dense model: it needs init_from "
+            "a dense model and arch moe or hybrid (0 otherwise)")
+
+
 def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[AdaptiveDSConfig | None, list[str]]:
     """With `init_from`: the model the run will build from the folder (its vocabulary aside) and the folder's problems,
     one line each (`pretrained.Source.problems`); without a named preset, `settings.preset` becomes the preset of
@@ -341,6 +353,8 @@ def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[Adaptive
     if not preset_named:
         settings.preset = source.matching_preset() or settings.preset
     found = source.problems(settings.arch, settings.model, settings.preset if preset_named else None)
+    if _upcycle_noise(settings) and (source.arch != "dense" or settings.arch not in ("moe", "hybrid")):
+        found.append(_noise_needs(settings))
     if found:
         return None, found
     try:

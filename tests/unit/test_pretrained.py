@@ -177,3 +177,22 @@ def test_a_hub_id_is_resolved_through_the_hf_cache_and_a_missing_one_refused_in_
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     _one_line(problems("TinyLlama/TinyLlama_v1.1", "dense", {}, None), "no Hub model in the HF cache")
+
+
+def test_upcycle_noise_without_a_dense_model_upcycled_to_experts_is_refused(tmp_path, llama):
+    """The noise perturbs the expert copies of an upcycled dense model; anywhere else it would do nothing."""
+    import json
+
+    from adaptive_ds.training.arguments import ConfigError, parse
+
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"adaptive_ds": {"max_steps": 2}, "train_micro_batch_size_per_gpu": 2,
+                                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
+    base = ["--ds_config", str(config), "--upcycle_noise", "0.01"]
+    for extra in ([], ["--init_from", str(llama), "--arch", "mod"],
+                  ["--init_from", str(mixtral_folder(tmp_path / "mixtral")), "--arch", "moe"]):
+        with pytest.raises(ConfigError, match="upcycle_noise 0.01") as error:
+            parse(base + extra, 1)
+        assert "\n" not in str(error.value)
+    settings, _ = parse(base + ["--init_from", str(llama), "--arch", "hybrid"], 1)
+    assert settings.upcycle_noise == 0.01
