@@ -282,8 +282,8 @@ class Source:
                     raise ValueError(f"init_from {self.name!r}: tensor {name} is {tuple(tensor.shape)}, the model's "
                                      f"{tuple(own[name].shape)}; its weights do not match its config")
                 own[name].copy_(tensor)
-        logger.info("weights from %s (%s, %s) as %s", self.name, KINDS[self.kind], self.content_hash[:19],
-                    model.config.arch)
+        # (not its content hash: every rank loads, and only rank 0 reads every file again to hash them)
+        logger.info("weights from %s (%s) as %s", self.name, KINDS[self.kind], model.config.arch)
 
 
     def problems(self, arch: str, overrides: dict, preset: str | None) -> list[str]:

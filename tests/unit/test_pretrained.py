@@ -196,3 +196,18 @@ def test_upcycle_noise_without_a_dense_model_upcycled_to_experts_is_refused(tmp_
         assert "\n" not in str(error.value)
     settings, _ = parse(base + ["--init_from", str(llama), "--arch", "hybrid"], 1)
     assert settings.upcycle_noise == 0.01
+
+
+def test_loading_the_weights_does_not_hash_the_folder(monkeypatch, llama):
+    """Every rank loads the weights, rank 0 alone hashes the folder for the run identity: a hash in the load would
+    make every rank read every file of the source once more."""
+    import adaptive_ds.pretrained as pretrained_module
+
+    def refuse(folder):
+        raise AssertionError("the load hashed the folder")
+
+    source = Source.open(str(llama))
+    monkeypatch.setattr(pretrained_module, "content_hash", refuse)
+    model = AdaptiveDSForCausalLM(source.model_config("dense", "debug", source.config.vocab_size))
+    source.load_into(model)
+    assert torch.equal(model.model.norm.weight, load_file(llama / "model.safetensors")["model.norm.weight"])
