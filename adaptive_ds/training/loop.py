@@ -183,7 +183,11 @@ class Trainer:
         model = AdaptiveDSForCausalLM(self.config)
         if self.source and not self.resume_tag:  # a resume loads the run's own checkpoint, never these weights
             # DeepSpeed's expert-parallel groups are consecutive ranks: rank r holds the experts of group rank r % ep
-            self.source.load_into(model, self.rank % self.config.moe_ep_size, settings.upcycle_noise, settings.seed)
+            try:
+                self.source.load_into(model, self.rank % self.config.moe_ep_size, settings.upcycle_noise,
+                                      settings.seed)
+            except ValueError as error:  # weights that do not match their config: bad input, one line
+                raise ConfigError(str(error)) from None
         self.engine = build_engine(model, ds_config, settings.warmup_steps, settings.max_steps,
                                    settings.min_lr_ratio, settings.compile)
         if self.config.uses_moe and self.config.moe_ep_size > 1:

@@ -112,3 +112,15 @@ def test_accelerate_launch_starts_from_a_stock_llama(llama, tmp_path, run_comman
     assert summary["world_size"] == 2 and summary["base_model"] == str(llama) and summary["seq_len"] == 64
     # debug_cpu.json: 16 rows per process
     assert logged_losses(out)[1] == pytest.approx(_stock_loss(LlamaForCausalLM, llama, 32, 5), rel=1e-5)
+
+
+def test_weights_that_do_not_match_their_config_are_refused_in_one_line(llama, tmp_path):
+    folder = tmp_path / "llama"
+    shutil.copytree(llama, folder)
+    weights = load_file(folder / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, folder / "model.safetensors")
+    config = write_ds_config(tmp_path, micro=2, max_steps=1, init_from=str(folder))
+    with pytest.raises(ConfigError, match="has no tensor 'model.norm.weight'") as error:
+        train(["--ds_config", config, "--output_dir", str(tmp_path / "run")])
+    assert "\n" not in str(error.value)
