@@ -1,7 +1,7 @@
 """Export a training checkpoint as a Hugging Face folder, or convert a model to stock transformers classes.
 
     python -m adaptive_ds.export CHECKPOINT OUT_DIR                 # adaptive_ds model (safetensors)
-    python -m adaptive_ds.export --to llama SRC OUT_DIR             # dense (or MoD retrofitted) -> Llama
+    python -m adaptive_ds.export --to llama SRC OUT_DIR             # dense (or retrofitted MoD, capacity 1) -> Llama
     python -m adaptive_ds.export --to mixtral SRC OUT_DIR           # dropless top-2 MoE -> MixtralForCausalLM
 
 CHECKPOINT is a run's OUTPUT_DIR (its latest checkpoint), OUTPUT_DIR/checkpoints, or one checkpoint tag
@@ -83,23 +83,31 @@ def _common_llama_fields(config: AdaptiveDSConfig) -> dict:
 
 def llama_incompatibility(config: AdaptiveDSConfig) -> str | None:
     """Why a model cannot be a stock Llama, or None if it can: a dense model is one parameter for parameter; a MoD
-    model with the straight-through update scale (`mod_straight_through`: a dense model retrofitted with MoD) is one
-    when every token runs every block, its routers dropped: the Llama computes its `set_mod_routing("all")` logits,
-    which are its logits at capacity 1.0."""
-    if config.arch == "dense" or (config.arch == "mod" and config.mod_straight_through):
+    model with the straight-through update scale (`mod_straight_through`: a dense model retrofitted with MoD) at
+    `mod_capacity` 1.0 is one, its routers dropped: every token runs every block, scaled by exactly 1, as in its
+    training. Below capacity 1.0 the Llama would compute a function the model never trained (its blocks saw only
+    the routed share of the tokens), so it is refused."""
+    if config.arch == "dense":
         return None
-    if config.arch == "mod":
+    if config.arch != "mod":
+        return f"arch is {config.arch!r}: MoE layers have no Llama equivalent (--to mixtral exports MoE)"
+    if not config.mod_straight_through:
         return ("its MoD blocks scale their update by sigmoid(router logit), which a Llama has no place for "
-                "(a model retrofitted with MoD, mod_straight_through, exports as its every-token model)")
-    return f"arch is {config.arch!r}: MoE layers have no Llama equivalent (--to mixtral exports MoE)"
+                "(a model retrofitted with MoD, mod_straight_through, at mod_capacity 1.0 exports as a Llama)")
+    if config.mod_capacity != 1.0:
+        return (f"it trained at mod_capacity {config.mod_capacity}, and a Llama runs every token through every "
+                "block, which is its function only at mod_capacity 1.0")
+    return None
 
 
 def to_llama(model: AdaptiveDSForCausalLM) -> LlamaForCausalLM:
-    """A stock LlamaForCausalLM with the same logits: our dense blocks are Llama's, parameter for parameter (a MoD
-    model's: its every-token logits, see `llama_incompatibility`)."""
+    """A stock LlamaForCausalLM with the same logits: our dense blocks are Llama's, parameter for parameter (a
+    retrofitted MoD model at capacity 1.0: its logits, every token through every block; see
+    `llama_incompatibility`)."""
     reason = llama_incompatibility(model.config)
     if reason:
-        raise ValueError(f"--to llama needs a dense model (or a dense model retrofitted with MoD); this one: {reason}")
+        raise ValueError(f"--to llama needs a dense model (or a dense model retrofitted with MoD at capacity 1.0); "
+                         f"this one: {reason}")
     llama = LlamaForCausalLM(LlamaConfig(**_common_llama_fields(model.config)))
     # a MoD block wraps the dense block as `block`, beside its router (and causal-routing predictor)
     state = {re.sub(r"^(model\.layers\.\d+\.)block\.", r"\1", name): tensor

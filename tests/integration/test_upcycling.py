@@ -173,17 +173,28 @@ def test_an_upcycled_moe_exports_to_a_stock_mixtral_with_its_logits(llama, ids, 
     torch.testing.assert_close(logits(mixtral, ids), logits(model, ids), rtol=0, atol=1e-5)
 
 
-def test_a_retrofitted_mod_model_exports_to_a_stock_llama_of_its_every_token_logits(llama, ids):
-    model = imported(llama, "mod", mod_layer_interval=1)
-    with torch.no_grad():
+def test_a_retrofitted_mod_model_at_capacity_one_exports_to_a_stock_llama_with_its_logits(llama, ids):
+    model = imported(llama, "mod", mod_layer_interval=1, mod_capacity=1.0)
+    with torch.no_grad():  # trained a little: routers and blocks that differ from the dense source
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))
+    exported = logits(to_llama(model).eval(), ids)
+    model.model.set_mod_routing("topk")  # its training routing: at capacity 1.0 every token, scaled by exactly 1
+    torch.testing.assert_close(exported, logits(model, ids), rtol=0, atol=1e-5)
     model.model.set_mod_routing("all")
-    torch.testing.assert_close(logits(to_llama(model).eval(), ids), logits(model, ids), rtol=0, atol=1e-5)
+    torch.testing.assert_close(exported, logits(model, ids), rtol=0, atol=1e-5)
     shipped = copy.deepcopy(model.config)
     shipped.mod_straight_through = False
     with pytest.raises(ValueError, match="sigmoid"):
         to_llama(AdaptiveDSForCausalLM(shipped))
+
+
+def test_a_retrofitted_mod_model_below_capacity_one_is_not_exported_to_llama(llama):
+    """A Llama runs every token through every block: the function of a MoD model trained at capacity 1.0 only."""
+    model = imported(llama, "mod", mod_layer_interval=1, mod_capacity=0.125)
+    with pytest.raises(ValueError, match=r"mod_capacity 0\.125") as refused:
+        to_llama(model)
+    assert "\n" not in str(refused.value) and "1.0" in str(refused.value)
 
 
 def _causal_share(model, ids) -> float:
