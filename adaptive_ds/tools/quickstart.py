@@ -6,7 +6,8 @@ clone of this checkout's commit (its own virtualenv installed by the command its
 The report records each command's wall time, exit status and last lines of output, with the commit and the machine
 (CPU model, cores, memory); the section `quickstart` of BENCHMARKS.md is rendered from it. A command that fails is
 reported as failed, with its status, and the tool exits non-zero after writing the report. The times depend on the
-machine and on what else runs on it: measure on an idle machine.
+machine and on what else runs on it (the report records the load average as each command starts): measure on an idle
+machine.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def measure(repository: str, work: str, timeout_s: float) -> dict:
                           check=True).stdout.strip()
     results = []
     for command in COMMANDS:
-        results.append(run_command(command, clone, timeout_s))
+        load = os.getloadavg()[0]  # what else the machine was running: 0 on an idle one
+        results.append({**run_command(command, clone, timeout_s), "load_average_at_start": round(load, 2)})
         if results[-1]["exit_status"] != 0:
             break  # the test command sets up the same virtualenv: after a failed setup its time means nothing
     return {"commit": head, "results": results}
@@ -85,12 +87,15 @@ def markdown(report: dict) -> str:
              f"commit {report['commit']}: `{report['command']}`. Each command from a fresh clone, one after the "
              "other, as the README's quick start runs them: `make train` creates the virtualenv and installs the "
              "package (torch from a local wheel where one is on pip's path) before training; `make test` then "
-             "finds it installed.", "",
-             "| command | wall time | exit status | last lines of output |", "|---|---|---|---|"]
+             "finds it installed. The load average (1 minute) shows what else ran on the machine: near 0 on an idle "
+             "machine; the times grow with it.", "",
+             "| command | wall time | exit status | load average at its start | last lines of output |",
+             "|---|---|---|---|---|"]
     for result in report["results"]:
         status = "timed out" if result["exit_status"] is None else str(result["exit_status"])
         tail = "<br>".join(f"`{line.replace('|', '/').replace('`', '')}`" for line in result["last_lines"])
-        lines.append(f"| `{result['command']}` | {result['wall_s'] / 60:.1f} minutes | {status} | {tail} |")
+        lines.append(f"| `{result['command']}` | {result['wall_s'] / 60:.1f} minutes | {status} | "
+                     f"{result['load_average_at_start']:.2f} | {tail} |")
     return "\n".join(lines)
 
 
