@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib
 import importlib.util
 import io
@@ -219,6 +220,43 @@ def test_every_block_is_tagged_to_run_or_check():
     assert 1 <= len(runnable) <= 5, runnable
 
 
+# A line that opens or closes a fenced block, as a Markdown renderer reads it (indented, of tildes, or longer).
+FENCE_LINE = re.compile(r"^ {0,3}(?:`{3,}|~{3,})", flags=re.M)
+# A line of a `text` block that reads as a command a user would copy.
+COMMAND_LINE = re.compile(r"^\s*(?:\$ |python|\.venv/|deepspeed |torchrun |accelerate |adaptive-ds |make |bash |hf )")
+# Pages whose blocks the checks do not read: they show none.
+UNCHECKED = [ROOT / "CHANGELOG.md", *sorted((ROOT / "examples").glob("*.md"))]
+
+
+def _escaping(path: Path, checked: bool = True) -> list[str]:
+    """The blocks of a page that no check would read: fences the block reader does not pair (indented, of tildes or
+    four backticks, left open), commands in a `text` block, and any block on a page the checks do not read."""
+    where = path.name
+    fences = len(FENCE_LINE.findall(path.read_text()))
+    if not checked:
+        return [f"{where}: a fenced block on a page the docs checks do not read"] if fences else []
+    blocks = _blocks(path)
+    found = [f"{where}: {fences} fence lines for {len(blocks)} blocks"] if fences != 2 * len(blocks) else []
+    return found + [f"{where}:{line}: a command in a text block" for lang, _, body, line in blocks
+                    if lang == "text" and any(COMMAND_LINE.match(text) for text in body.splitlines())]
+
+
+def test_no_block_escapes_the_checks():
+    escaped = [problem for p in PAGES for problem in _escaping(p)]
+    escaped += [problem for p in UNCHECKED for problem in _escaping(p, checked=False)]
+    assert escaped == []
+
+
+def test_the_escape_check_finds_what_the_block_reader_misses(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash check\nmake test\n```\n\n- a step:\n\n  ```bash\n  make train\n  ```\n\n"
+                    "~~~\npython launchers/train.py --steps_max 5\n~~~\n\n```text\n$ make train\n```\n")
+    assert _escaping(page) == ["page.md: 8 fence lines for 2 blocks", "page.md:15: a command in a text block"]
+    assert _escaping(page, checked=False) == ["page.md: a fenced block on a page the docs checks do not read"]
+    page.write_text("```bash check\nmake test\n```\n\n```text\nHH:MM:SS INFO saved\n```\n")
+    assert _escaping(page) == []
+
+
 @pytest.mark.parametrize("body", _tagged("check"))
 def test_each_checked_command_parses(body, parse_only):
     for words in _commands(body):
@@ -286,6 +324,56 @@ def test_a_wrong_flag_or_a_moved_file_fails_the_check(parse_only):
                     "ds_configs/b7_8gpu.json"]):
         with pytest.raises((SystemExit, ConfigError, AssertionError)):
             _check(broken)
+
+
+def _source_flags() -> set[str]:
+    """Every option the project's parsers define: the `--...` string literals of the package, the launchers and the
+    examples (the training flags among them come from RunSettings), with their `--no-` forms."""
+    flags = {f"--{f.name}" for f in dataclasses.fields(arguments.RunSettings)}
+    for path in [*(ROOT / "adaptive_ds").rglob("*.py"), *(ROOT / "launchers").rglob("*.py"),
+                 *(ROOT / "examples").glob("*.py")]:
+        flags |= {node.value for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and re.fullmatch(r"--[a-z][\w-]*", node.value)}
+    return flags | {f"--no-{flag[2:]}" for flag in flags}
+
+
+class _Parser(Exception):
+    """Raised with the parser a launcher builds, instead of parsing."""
+
+
+def _launcher_flags(monkeypatch) -> set[str]:
+    """The options of torchrun's, DeepSpeed's and Accelerate's launchers, from their own parsers."""
+    from accelerate.commands.launch import launch_command_parser
+    from deepspeed.launcher.runner import parse_args
+    from torch.distributed.run import get_args_parser
+
+    def parser_of(self, args=None, namespace=None):
+        raise _Parser(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parser_of)
+    with pytest.raises(_Parser) as deepspeed:
+        parse_args([])
+    return {option for parser in (get_args_parser(), launch_command_parser(), deepspeed.value.args[0])
+            for action in parser._actions for option in action.option_strings}
+
+
+# Options of other tools the pages name (pip's, in the README's install).
+OTHER_FLAGS = {"--index-url"}
+
+
+def _named_flags(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", text))
+
+
+def test_every_flag_a_page_names_exists(monkeypatch):
+    """A flag named in prose or in a table (not only in a checked block) is one some parser defines, so that a
+    renamed flag cannot live on in a sentence."""
+    known = _source_flags() | _launcher_flags(monkeypatch) | OTHER_FLAGS
+    unknown = {p.relative_to(ROOT).as_posix(): sorted(_named_flags(p.read_text()) - known) for p in PAGES}
+    assert {page: flags for page, flags in unknown.items() if flags} == {}
+    assert {"--init_from", "--stages", "--report_only", "--nnodes", "--num_gpus"} <= known
+    assert _named_flags("pass `--stages_all` or --max_steps, not a-b--c") - known == {"--stages_all"}
 
 
 def _slug(heading: str) -> str:
