@@ -231,14 +231,17 @@ UNCHECKED = [ROOT / "CHANGELOG.md", *sorted((ROOT / "examples").glob("*.md"))]
 def _escaping(path: Path, checked: bool = True) -> list[str]:
     """The blocks of a page that no check would read: fences the block reader does not pair (indented, of tildes or
     four backticks, left open), commands in a `text` block, and any block on a page the checks do not read."""
-    where = path.name
-    fences = len(FENCE_LINE.findall(path.read_text()))
+    where, text = path.name, path.read_text()
+    fences = len(FENCE_LINE.findall(text))
     if not checked:
         return [f"{where}: a fenced block on a page the docs checks do not read"] if fences else []
     blocks = _blocks(path)
     found = [f"{where}: {fences} fence lines for {len(blocks)} blocks"] if fences != 2 * len(blocks) else []
+    # the runner (tests/integration/test_docs_commands.py) reads `lang` or `lang tag`, one space, nothing more
+    found += [f"{where}:{text.count(chr(10), 0, m.start()) + 1}: the info string {m.group(1)!r}"
+              for m in FENCE.finditer(text) if not re.fullmatch(r"\w+(?: \w+)?", m.group(1))]
     return found + [f"{where}:{line}: a command in a text block" for lang, _, body, line in blocks
-                    if lang == "text" and any(COMMAND_LINE.match(text) for text in body.splitlines())]
+                    if lang == "text" and any(COMMAND_LINE.match(row) for row in body.splitlines())]
 
 
 def test_no_block_escapes_the_checks():
@@ -255,6 +258,9 @@ def test_the_escape_check_finds_what_the_block_reader_misses(tmp_path):
     assert _escaping(page, checked=False) == ["page.md: a fenced block on a page the docs checks do not read"]
     page.write_text("```bash check\nmake test\n```\n\n```text\nHH:MM:SS INFO saved\n```\n")
     assert _escaping(page) == []
+    page.write_text("```bash run  \nmake test\n```\n\n```bash check extra\nmake test\n```\n")
+    assert _escaping(page) == ["page.md:1: the info string 'bash run  '",
+                               "page.md:5: the info string 'bash check extra'"]
 
 
 @pytest.mark.parametrize("body", _tagged("check"))
