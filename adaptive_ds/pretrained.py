@@ -27,9 +27,11 @@ What comes from where:
   embeddings, a `head_dim` other than hidden / heads, an activation other than SiLU.
 
 Starting from weights is not resuming: the run gets a fresh optimizer, schedule and data position, and counts its own
-steps and tokens. Its identity records the source and a content hash of its files (config, weights, tokenizer), so a
-resume of the run checks that the folder is still the one it started from; a resume loads the run's own checkpoint,
-never these weights. summary.json and the model card record the source as `base_model`.
+steps and tokens. Its identity records the source, a content hash of the files it reads (config, tokenizer, the
+weights the index names) and their names, sizes and mtimes, so a resume of the run checks that the folder is still
+the one it started from: where the names, sizes and mtimes are the recorded ones it takes the recorded hash without
+reading the weights again, otherwise it hashes them. A resume loads the run's own checkpoint, never these weights.
+summary.json and the model card record the source as `base_model`.
 """
 
 from __future__ import annotations
@@ -59,9 +61,11 @@ SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_
 STRUCTURAL_FIELDS = (*SHAPE_FIELDS, "vocab_size", "num_local_experts", "num_experts_per_tok", "moe_layer_interval",
                      "moe_expert_granularity", "moe_shared_experts", "moe_use_residual", "moe_balancing",
                      "mod_layer_interval", "mod_causal_routing", "mod_predictor_hidden_size", "tie_word_embeddings")
-# The files a run reads from the folder, which its content hash covers
-SOURCE_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
+# The files a run reads from the folder besides its weights (config, the weights' index, tokenizer); the weights are
+# the shards the index names, or model.safetensors (`source_files`)
+SOURCE_FILES = ("config.json", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
                 "added_tokens.json", "vocab.*", "merges.txt", "*.model")
+INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
@@ -76,21 +80,47 @@ def resolve(name: str) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    try:
-        return snapshot_download(name, allow_patterns=list(SOURCE_FILES))
+    try:  # the config, tokenizer and index first, then only the weights they name (a repository may hold others)
+        folder = snapshot_download(name, allow_patterns=list(SOURCE_FILES))
+        return snapshot_download(name, allow_patterns=_weight_names(folder))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise ValueError(f"init_from {name!r} is no local folder, and no Hub model in the HF cache or reachable "
                          f"({type(error).__name__}); pass a folder or a Hub model id") from None
 
 
+def _weight_names(folder: str) -> list[str]:
+    """The weight files a run reads: the shards the safetensors index names, else model.safetensors."""
+    index = os.path.join(folder, INDEX)
+    if not os.path.isfile(index):
+        return [SINGLE]
+    with open(index) as f:
+        try:
+            return sorted(set(json.load(f)["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{INDEX} in {folder!r} has no weight_map of tensor names to files") from None
+
+
+def source_files(folder: str) -> list[str]:
+    """The names of the files a run reads from the folder, sorted: config, tokenizer, the weights' index and the
+    weights it names (or model.safetensors); never another *.safetensors the folder happens to hold."""
+    names = {name for name in os.listdir(folder) if any(fnmatch.fnmatch(name, p) for p in SOURCE_FILES)}
+    names.update(_weight_names(folder))
+    return sorted(name for name in names if os.path.isfile(os.path.join(folder, name)))
+
+
+def file_stats(folder: str) -> list[list]:
+    """[name, size, mtime_ns] of each of the folder's `source_files`: what a resume compares to see that the folder
+    is unchanged without reading it."""
+    stats = [(name, os.stat(os.path.join(folder, name))) for name in source_files(folder)]
+    return [[name, stat.st_size, stat.st_mtime_ns] for name, stat in stats]
+
+
 def content_hash(folder: str) -> str:
-    """sha256 over the names and contents of the files a run reads from the folder (`SOURCE_FILES`)."""
+    """sha256 over the names and contents of the files a run reads from the folder (`source_files`)."""
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        if os.path.isfile(path) and any(fnmatch.fnmatch(name, pattern) for pattern in SOURCE_FILES):
-            with open(path, "rb") as f:
-                digest.update(name.encode() + b"\0" + hashlib.file_digest(f, "sha256").digest())
+    for name in source_files(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + hashlib.file_digest(f, "sha256").digest())
     return f"sha256:{digest.hexdigest()}"
 
 
@@ -247,11 +277,11 @@ class Source:
 
     def weight_files(self) -> dict[str, str]:
         """Tensor name -> the safetensors file that holds it (empty: none)."""
-        index = os.path.join(self.folder, "model.safetensors.index.json")
+        index = os.path.join(self.folder, INDEX)
         if os.path.isfile(index):
             with open(index) as f:
                 return {k: os.path.join(self.folder, v) for k, v in json.load(f)["weight_map"].items()}
-        single = os.path.join(self.folder, "model.safetensors")
+        single = os.path.join(self.folder, SINGLE)
         if not os.path.isfile(single):
             return {}
         with safe_open(single, framework="pt") as f:
@@ -260,6 +290,20 @@ class Source:
     @cached_property
     def content_hash(self) -> str:
         return content_hash(self.folder)
+
+    def identity(self, recorded: dict | None) -> dict:
+        """The run identity's record of the source: {"source", "sha256", "files": `file_stats`}. `recorded`: the
+        record of the run being continued (its run_identity.json), or None. Where the folder shows the recorded
+        files (names, sizes and mtimes), the recorded hash is taken without reading the weights again; otherwise
+        the files are hashed, and the same hash keeps the record (files touched, or copied with their content), while
+        another one makes a record that the resume's identity check refuses."""
+        own = recorded is not None and recorded.get("source") == self.name
+        files = file_stats(self.folder)
+        if own and recorded.get("files") == files:
+            return recorded
+        if own and recorded.get("sha256") == self.content_hash:
+            return recorded
+        return {"source": self.name, "sha256": self.content_hash, "files": files}
 
     def load_into(self, model, ep_rank: int = 0, noise: float = 0.0, seed: int = 0) -> None:
         """Set `model`'s weights from the folder (this expert-parallel rank's experts only), reading tensor by tensor

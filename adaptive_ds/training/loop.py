@@ -18,6 +18,7 @@ started again with the same command continues from the latest).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -45,7 +46,7 @@ from .controller import Action, Controller, StepReport, TrainingStopped, Verdict
 from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
 from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
 from .moe_adapter import expert_parallel_group
-from .output_dir import prepare_output_dir, write_identity
+from .output_dir import IDENTITY, prepare_output_dir, write_identity
 from .stop import StopRequest, StopRequested
 from .validation import Validator
 
@@ -130,6 +131,18 @@ def _open_source(settings: RunSettings):
         raise ConfigError(str(error)) from None
 
 
+def _recorded_base_model(output_dir: str | None) -> dict | None:
+    """The source record (`pretrained.Source.identity`) of the run in `output_dir`, if it has one."""
+    if output_dir is None:
+        return None
+    try:
+        with open(os.path.join(output_dir, IDENTITY)) as f:
+            recorded = json.load(f).get("base_model")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
 def _command() -> str:
     """The command line that started this process (the program by its name: `train.py`, `adaptive-ds train`)."""
     return " ".join([os.path.basename(sys.argv[0]), shlex.join(sys.argv[1:])]).strip()
@@ -166,10 +179,10 @@ class Trainer:
             self.config = model_config(settings.preset, settings.arch, len(tok), **tokens, **settings.model)
         # the held-out batches too, before the output directory: data without a held-out document is refused first
         self.validation_batches = self.data.validation_batches(self.validation_micro_batch, settings.eval_batches)
-        self.base_model = None  # where the weights came from: the source as given and its files' hash (rank 0's)
-        if self.source:
-            digest = distributed.broadcast_object(self.source.content_hash if self.rank == 0 else None)
-            self.base_model = {"source": settings.init_from, "sha256": digest}
+        self.base_model = None  # where the weights came from: the source, its files' hash and stats (rank 0's)
+        if self.source:  # a resume of an unchanged folder takes the recorded hash: the weights are not read again
+            recorded = _recorded_base_model(settings.output_dir) if self.rank == 0 else None
+            self.base_model = distributed.broadcast_object(self.source.identity(recorded) if self.rank == 0 else None)
         self.identity = checkpoint.run_identity(settings, self.world, layout.rows_per_rank_step, self.config,
                                                 self.base_model)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)

@@ -3,6 +3,7 @@ model's on that step's batch, the run starts afresh and records its base model, 
 (and checks that the folder is still the one it started from), data of another vocabulary is refused."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -49,7 +50,8 @@ def test_a_run_from_a_stock_llama_starts_at_the_stock_models_loss(llama, tmp_pat
     assert summary["base_model"] == str(llama) and summary["base_model_sha256"] == digest
     assert summary["steps"] == 2 and summary["tokens_seen"] == 2 * 2 * 64 and summary["seq_len"] == 64
     identity = json.loads((out / "run_identity.json").read_text())
-    assert identity["base_model"] == {"source": str(llama), "sha256": digest}
+    assert identity["base_model"] == {"source": str(llama), "sha256": digest,
+                                      "files": pretrained.Source.open(str(llama)).identity(None)["files"]}
 
 
 def test_a_resume_loads_its_own_checkpoint_and_checks_the_folder(llama, tmp_path, monkeypatch):
@@ -62,13 +64,18 @@ def test_a_resume_loads_its_own_checkpoint_and_checks_the_folder(llama, tmp_path
     def refuse(*args, **kwargs):
         raise AssertionError("a resume read the init weights")
 
-    with monkeypatch.context() as patched:
+    with monkeypatch.context() as patched:  # an unchanged folder is neither loaded nor hashed again
         patched.setattr(pretrained.Source, "load_into", refuse)
+        patched.setattr(pretrained, "content_hash", refuse)
         summary = train(["--ds_config", config, "--output_dir", str(out), "--max_steps", "3"])
     assert summary["resumed_from_step"] == 2 and summary["steps"] == 3
     weights = load_file(folder / "model.safetensors")
     weights["model.norm.weight"] = weights["model.norm.weight"] + 1
-    save_file(weights, folder / "model.safetensors")
+    size = (folder / "model.safetensors").stat().st_size
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})  # the same size, another content
+    stat = (folder / "model.safetensors").stat()
+    os.utime(folder / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert (folder / "model.safetensors").stat().st_size == size
     with pytest.raises(CheckpointError, match="base_model.sha256"):
         train(["--ds_config", config, "--output_dir", str(out), "--max_steps", "4"])
 

@@ -3,6 +3,8 @@ content hash follows the weights and not the path, the model card records the ba
 Llama upcycles to b1 moe and hybrid with the planner's parameter counts (on the meta device). The imported and
 upcycled models' logits against transformers' stock models: tests/integration/test_upcycling.py."""
 
+import fnmatch
+import os
 import shutil
 from pathlib import Path
 
@@ -65,6 +67,7 @@ def test_the_content_hash_follows_the_weights_not_the_path(tmp_path, llama):
     shutil.copytree(llama, moved)
     assert Source.open(str(moved)).content_hash == Source.open(str(llama)).content_hash
     (moved / "README.md").write_text("not read by a run")
+    shutil.copy(moved / "model.safetensors", moved / "consolidated.safetensors")  # weights the run does not read
     assert Source.open(str(moved)).content_hash == Source.open(str(llama)).content_hash
     weights = load_file(moved / "model.safetensors")
     weights["model.norm.weight"] = weights["model.norm.weight"] + 1
@@ -170,7 +173,10 @@ def test_a_hub_id_is_resolved_through_the_hf_cache_and_a_missing_one_refused_in_
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     assert resolve("TinyLlama/TinyLlama_v1.1") == str(llama)
-    assert asked == [("TinyLlama/TinyLlama_v1.1", list(SOURCE_FILES))]
+    # config, tokenizer and index first, then only the weights they name: not every *.safetensors of the repository
+    hub_id = "TinyLlama/TinyLlama_v1.1"
+    assert asked == [(hub_id, list(SOURCE_FILES)), (hub_id, ["model.safetensors"])]
+    assert not any(fnmatch.fnmatch("consolidated.safetensors", pattern) for pattern in SOURCE_FILES)
 
     def offline(repo_id, allow_patterns):
         raise LocalEntryNotFoundError("not in the cache and the Hub cannot be reached")
@@ -211,3 +217,34 @@ def test_loading_the_weights_does_not_hash_the_folder(monkeypatch, llama):
     model = AdaptiveDSForCausalLM(source.model_config("dense", "debug", source.config.vocab_size))
     source.load_into(model)
     assert torch.equal(model.model.norm.weight, load_file(llama / "model.safetensors")["model.norm.weight"])
+
+
+def test_a_resume_of_an_unchanged_folder_takes_the_recorded_hash_without_reading_the_weights(tmp_path, llama,
+                                                                                              monkeypatch):
+    """The identity records each file's name, size and mtime_ns beside the hash: a resume that finds the same list
+    takes the recorded hash (a 93 GB folder is not read again); a changed list is hashed, and a new hash shows."""
+    import adaptive_ds.pretrained as pretrained_module
+
+    folder = tmp_path / "llama"
+    shutil.copytree(llama, folder)
+    recorded = Source.open(str(folder)).identity(None)
+    assert recorded["sha256"] == Source.open(str(llama)).content_hash
+    assert ["model.safetensors", os.path.getsize(folder / "model.safetensors"),
+            os.stat(folder / "model.safetensors").st_mtime_ns] in recorded["files"]
+
+    def refuse(folder):
+        raise AssertionError("the resume read the weights again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(pretrained_module, "content_hash", refuse)
+        assert Source.open(str(folder)).identity(recorded) == recorded
+    os.utime(folder / "config.json")  # touched, the same content: hashed again, and still the run's source
+    assert Source.open(str(folder)).identity(recorded)["sha256"] == recorded["sha256"]
+    weights = load_file(folder / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1
+    size = os.path.getsize(folder / "model.safetensors")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    stat = os.stat(folder / "model.safetensors")
+    os.utime(folder / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert os.path.getsize(folder / "model.safetensors") == size  # only the content and mtime changed
+    assert Source.open(str(folder)).identity(recorded)["sha256"] != recorded["sha256"]
