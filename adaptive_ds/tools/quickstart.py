@@ -28,6 +28,11 @@ from .report import check_markdown_path, machine, write_report
 KEY = "quickstart"
 COMMANDS = ("make train", "make test")
 TAIL_LINES = 3
+# What the commands must not inherit from whoever runs this tool: a make above it (its flags and level: a nested make
+# prints its directories), the virtualenv, JIT build cache and disk cache of this checkout, a launcher's variables.
+NOT_INHERITED = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES", "VIRTUAL_ENV", "TORCH_EXTENSIONS_DIR",
+                 "ADAPTIVE_DS_CACHE", "PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                 "MASTER_ADDR", "MASTER_PORT")
 
 
 def cpu_model() -> str:
@@ -52,8 +57,9 @@ def last_lines(output: str, count: int = TAIL_LINES) -> list[str]:
 def run_command(command: str, cwd: str, timeout_s: float) -> dict:
     """Run `command` in `cwd` in a process group of its own; its wall time, exit status and last lines."""
     started = time.perf_counter()
-    proc = subprocess.Popen(command.split(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    env = {name: value for name, value in os.environ.items() if name not in NOT_INHERITED}
+    proc = subprocess.Popen(command.split(), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout_s)
         status = proc.returncode
