@@ -182,6 +182,9 @@ class Progress:
 
     step: int | None = None  # the step being trained (set by the training loop)
     checkpoint: str | None = None  # the newest complete checkpoint this process saved or resumes from
+    # how the line says to continue: the same command, or, where the run chose its own time-stamped output
+    # directory, the same command naming that directory (a plain rerun would start another run)
+    rerun: str = "rerun the same command"
 
 
 progress = Progress()

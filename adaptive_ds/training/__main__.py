@@ -59,7 +59,7 @@ def _stopped(what: str) -> str:
     where = f"at step {progress.step}" if progress.step is not None else "before training began"
     to = (f"resume from checkpoint {progress.checkpoint}" if progress.checkpoint
           else "start again (no checkpoint was saved yet)")
-    return f"error: {what} {where}; rerun the same command to {to}"
+    return f"error: {what} {where}; {progress.rerun} to {to}"
 
 
 def main(argv: list[str] | None = None, hooks=None) -> None:

@@ -186,6 +186,8 @@ class Trainer:
         self.identity = checkpoint.run_identity(settings, self.world, layout.rows_per_rank_step, self.config,
                                                 self.base_model)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
+        distributed.progress.rerun = ("rerun the same command" if settings.output_dir else
+                                      f"rerun the same command with --output_dir {self.output_dir}")
         if self.resume_tag:
             self._keep_the_checkpoints_global_batch(ds_config)
             checkpoint.check_resumable(self.output_dir, self.resume_tag, self.identity)  # before anything is written
@@ -575,11 +577,11 @@ class Trainer:
                     self._save(step)
         latest = self.checkpointer.rollback_target()
         if self.checkpointer.last_saved == step:
-            line = f"stopped by {name} at step {step}, saved; rerun the same command to resume from step {step}"
+            line = f"stopped by {name} at step {step}, saved; {distributed.progress.rerun} to resume from step {step}"
         else:
             resume = f"resume from {latest}" if latest else "start again (no checkpoint was saved yet)"
             line = (f"stopped by {name} at step {step} without a checkpoint there ({reason or 'its save failed'}); "
-                    f"rerun the same command to {resume}")
+                    f"{distributed.progress.rerun} to {resume}")
         raise StopRequested(line, stop.signum)
 
     def _observe(self, step: int, window: LossWindow, validator: Validator, stopping: bool = False,

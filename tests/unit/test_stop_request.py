@@ -9,6 +9,7 @@ import pytest
 from helpers.common import write_ds_config
 from helpers.fake_engine import EngineLog, FakeEngine, FakeFaults
 
+from adaptive_ds import distributed
 from adaptive_ds.training import loop, train
 from adaptive_ds.training.checkpoint import latest_tag
 from adaptive_ds.training.stop import StopRequested
@@ -77,6 +78,23 @@ def test_past_the_grace_period_or_on_unhealthy_weights_it_stops_without_a_checkp
         _fake_run(tmp_path / "b", _Signal(log, {3: signal.SIGTERM}, nan_at_step=3))
     assert str(stopped.value) == ("stopped by SIGTERM at step 3 without a checkpoint there (its loss is not healthy); "
                                   "rerun the same command to start again (no checkpoint was saved yet)")
+
+
+def test_without_an_output_dir_the_line_names_the_directory_the_run_chose(tmp_path, monkeypatch):
+    """A run without --output_dir makes a new time-stamped directory at each start, so "the same command" alone
+    would start another run: the line names the directory to pass."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(distributed.progress, "rerun", distributed.progress.rerun)  # restored after the test
+    config = write_ds_config(tmp_path, 4, 2, max_steps=10, warmup_steps=1, log_steps=5, data_workers=0, model=TINY)
+    log = EngineLog()
+    monkeypatch.setattr(loop, "build_engine", lambda *a, **k: FakeEngine(*a, **k, log=log))
+    with pytest.raises(StopRequested) as stopped:
+        train(["--ds_config", config], hooks=_Signal(log, {4: signal.SIGTERM}))
+    (run,) = (tmp_path / "runs").iterdir()
+    assert str(stopped.value) == (f"stopped by SIGTERM at step 4, saved; rerun the same command with --output_dir "
+                                  f"runs/{run.name} to resume from step 4")
+    summary = train(["--ds_config", config, "--output_dir", f"runs/{run.name}"], hooks=_Signal(log, {}))
+    assert summary["resumed_from_step"] == 4
 
 
 class _Twice(_Signal):
