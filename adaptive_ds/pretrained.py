@@ -10,14 +10,16 @@ What comes from where:
   `max_position_embeddings` come from the folder's config. A preset named on the command line or in the ds_config's
   block must agree with it on hidden, layers, heads, kv heads and ffn, else the run is refused in one line that lists
   the fields that differ. Without a named preset, the preset whose shape is the folder's is taken (TinyLlama's shape
-  is b1's), else the default one, which then only sets seq_len. `seq_len` is the preset's, up to the folder's
-  `max_position_embeddings`. `--model` may not set a shape field.
+  is b1's), else none: the run claims no preset (its identity and summary.json record `preset` null, the model card
+  "none"). `seq_len` is the preset's, up to the folder's `max_position_embeddings`; without a preset it is
+  `max_position_embeddings` up to `NO_PRESET_SEQ_LEN` (2048, the longest preset's). `--model` may not set a shape
+  field.
 - The architecture is `--arch`: a Llama or our dense folder starts any architecture (upcycled, see
   `models.upcycling`: MoE experts copied from the dense MLP, MoD routers added with the straight-through update
   scale); a Mixtral folder imports as `moe` with Mixtral's routing (its experts and top-k, renormalised, and dropless
   in training too, as Mixtral trains, unless `--model` asks for `moe_drop_tokens`); our MoE, MoD or hybrid folder as
-  its own architecture with its own settings. An upcycled MoE takes its expert count and top-k from the preset and
-  the architecture's defaults, as a model trained from scratch would.
+  its own architecture with its own settings. An upcycled MoE takes its expert count and top-k from the preset (or,
+  without one, the model's defaults) and the architecture's defaults, as a model trained from scratch would.
 - The tokenizer comes with the weights: data prepared or streamed with another vocabulary is refused in one line;
   streamed text is tokenized with the folder's tokenizer unless `--tokenizer` on the command line names one (a
   ds_config's tokenizer, written for runs from scratch, does not); the embedded corpus needs a
@@ -66,6 +68,9 @@ STRUCTURAL_FIELDS = (*SHAPE_FIELDS, "vocab_size", "num_local_experts", "num_expe
 SOURCE_FILES = ("config.json", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
                 "added_tokens.json", "vocab.*", "merges.txt", "*.model")
 INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
+# A run from a folder of no preset's shape (and none named) trains at its max_position_embeddings up to this: the
+# longest preset's seq_len, never the default preset's, which describes another model
+NO_PRESET_SEQ_LEN = max(p.seq_len for p in PRESETS.values())
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
@@ -226,14 +231,16 @@ class Source:
     def matching_preset(self) -> str | None:
         return next((name for name in PRESETS if not self.preset_conflicts(name)), None)
 
-    def seq_len(self, preset: str) -> int:
-        """The preset's seq_len, up to the folder's max_position_embeddings."""
-        return min(PRESETS[preset].seq_len, self.config.max_position_embeddings)
+    def seq_len(self, preset: str | None) -> int:
+        """The preset's seq_len (None: `NO_PRESET_SEQ_LEN`), up to the folder's max_position_embeddings."""
+        wanted = PRESETS[preset].seq_len if preset is not None else NO_PRESET_SEQ_LEN
+        return min(wanted, self.config.max_position_embeddings)
 
     # what a run builds from it
-    def model_config(self, arch: str, preset: str, vocab_size: int, **overrides) -> AdaptiveDSConfig:
-        """The configuration of the model `arch` started from the folder, for a tokenizer of `vocab_size` tokens;
-        `overrides` (AdaptiveDSConfig fields, checked by `arch_problems`) win over what the folder does not fix."""
+    def model_config(self, arch: str, preset: str | None, vocab_size: int, **overrides) -> AdaptiveDSConfig:
+        """The configuration of the model `arch` started from the folder, for a tokenizer of `vocab_size` tokens
+        (`preset`: the run's, None when it has none); `overrides` (AdaptiveDSConfig fields, checked by
+        `arch_problems`) win over what the folder does not fix."""
         c = self.config
         vocab = pad_vocab(max(c.vocab_size, vocab_size))
         if self.kind == "adaptive_ds" and arch == self.arch:  # our own model: its own settings
@@ -241,10 +248,10 @@ class Source:
             for k in ("moe_ep_size", "bos_token_id", "eos_token_id", "pad_token_id"):
                 own.pop(k)
             return AdaptiveDSConfig(**{**own, "vocab_size": vocab, **overrides})
-        p = PRESETS[preset]
+        experts = PRESETS[preset] if preset is not None else AdaptiveDSConfig  # no preset: the model's defaults
         fields = dict(arch=arch, vocab_size=vocab, **self.shape(), rms_norm_eps=c.rms_norm_eps,
                       rope_theta=self.rope_theta, max_position_embeddings=c.max_position_embeddings,
-                      num_local_experts=p.num_local_experts, num_experts_per_tok=p.num_experts_per_tok)
+                      num_local_experts=experts.num_local_experts, num_experts_per_tok=experts.num_experts_per_tok)
         fields.update(VARIANTS[arch].model)
         if self.kind == "mixtral":  # Mixtral's routing: its experts and top-k, renormalised (for k = 1 too), dropless
             fields.update(num_local_experts=c.num_local_experts, num_experts_per_tok=c.num_experts_per_tok,

@@ -39,19 +39,21 @@ def model_card(summary: dict, command: str) -> str:
         return spec.format(summary[key]) if key in summary else "n/a"
 
     base_meta, base_row = _base_model(summary)
+    preset = summary.get("preset")  # None: a run --init_from a folder of no preset's shape claims none
+    title = " ".join(word for word in ("adaptive_ds", preset, summary.get("arch", "?")) if word)
     return f"""---
 library_name: transformers
 tags: [adaptive_ds, {summary.get('arch', 'unknown')}, deepspeed]
 {base_meta}---
 
-# adaptive_ds {summary.get('preset', '?')} {summary.get('arch', '?')}
+# {title}
 
 Trained with adaptive_ds through the DeepSpeed engine.
 
 | | |
 |---|---|
 | architecture | {summary.get('arch', '?')} |
-| preset | {summary.get('preset', '?')} |
+| preset | {preset or "none (the shape of the weights it started from)"} |
 {base_row}| total parameters | {summary.get('total_parameters', 0):,} |
 | active parameters | {summary.get('active_parameters', 0):,} |
 | tokens seen | {summary.get('tokens_seen', 0):,} |

@@ -115,11 +115,12 @@ class RunSettings:
     init_from: str | None = setting(None, "start from pretrained weights, not from random ones: a folder (or Hub id) "
                                           "of a stock LlamaForCausalLM, a MixtralForCausalLM or an adaptive_ds "
                                           "final/; its config gives the shape (a preset named here or in the "
-                                          "ds_config must agree; none named: the preset of that shape, else the "
-                                          "default, which sets only seq_len), seq_len is the preset's up to its "
-                                          "max_position_embeddings, its tokenizer must be the data's; a dense model "
-                                          "starts moe, mod or hybrid upcycled (adaptive_ds/pretrained.py); a fresh "
-                                          "optimizer, schedule and data position")
+                                          "ds_config must agree; none named: the preset of that shape, else none, "
+                                          "and the run claims none), seq_len is the preset's up to its "
+                                          "max_position_embeddings (no preset: max_position_embeddings up to "
+                                          f"{pretrained.NO_PRESET_SEQ_LEN}), its tokenizer must be the data's; a "
+                                          "dense model starts moe, mod or hybrid upcycled (adaptive_ds/pretrained.py); "
+                                          "a fresh optimizer, schedule and data position")
     upcycle_noise: float = setting(0.0, "with init_from a dense model and arch moe or hybrid: each expert copy's "
                                         "weights times 1 + N(0, noise^2), so the copies differ from the first step "
                                         "(0: exact copies, the first forward pass the dense model's)", at_least=0)
@@ -345,13 +346,14 @@ def _noise_needs(settings: RunSettings) -> str:
 def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[AdaptiveDSConfig | None, list[str]]:
     """With `init_from`: the model the run will build from the folder (its vocabulary aside) and the folder's problems,
     one line each (`pretrained.Source.problems`); without a named preset, `settings.preset` becomes the preset of
-    the folder's shape, if one has it."""
+    the folder's shape, or None where no preset has it (the run then claims no preset, and its seq_len is the
+    folder's max_position_embeddings up to `pretrained.NO_PRESET_SEQ_LEN`)."""
     try:
         source = pretrained.Source.open(settings.init_from)
     except ValueError as error:
         return None, [str(error)]
     if not preset_named:
-        settings.preset = source.matching_preset() or settings.preset
+        settings.preset = source.matching_preset()
     found = source.problems(settings.arch, settings.model, settings.preset if preset_named else None)
     if _upcycle_noise(settings) and (source.arch != "dense" or settings.arch not in ("moe", "hybrid")):
         found.append(_noise_needs(settings))

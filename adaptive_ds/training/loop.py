@@ -442,8 +442,8 @@ class Trainer:
         counts = parameter_counts(self.config)
         knobs = self.controller.knobs
         logger.info("%s %s: %s parameters (%s active), %d process(es), micro-batch %d x accumulation %d, seq %d",
-                    settings.preset, settings.arch, f"{counts.total:,}", f"{counts.active:,}", self.world,
-                    knobs.micro_batch, knobs.accumulation, self.data.seq_len)
+                    settings.preset or "no preset", settings.arch, f"{counts.total:,}", f"{counts.active:,}",
+                    self.world, knobs.micro_batch, knobs.accumulation, self.data.seq_len)
         stats = self.data.statistics
         if stats:
             logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",

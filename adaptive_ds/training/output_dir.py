@@ -48,7 +48,8 @@ def prepare_output_dir(settings: RunSettings, identity: dict) -> tuple[str, str 
     only this same run's own files (checked by the identity it wrote) starts over with a warning, so the same
     command always continues; anything else is refused and left as it is.
     """
-    path = settings.output_dir or f"runs/{settings.preset}-{settings.arch}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = settings.preset or "pretrained"  # a run --init_from a folder of no preset's shape has none
+    path = settings.output_dir or f"runs/{name}-{settings.arch}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = distributed.broadcast_object(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"output_dir {path!r} is a file; pass a new or empty --output_dir")

@@ -80,6 +80,18 @@ def test_a_resume_loads_its_own_checkpoint_and_checks_the_folder(llama, tmp_path
         train(["--ds_config", config, "--output_dir", str(out), "--max_steps", "4"])
 
 
+def test_a_run_from_a_folder_of_no_presets_shape_claims_no_preset(tmp_path):
+    folder = llama_folder(tmp_path / "tiny")  # TINY: the shape of no preset
+    config = write_ds_config(tmp_path, micro=2, max_steps=1, init_from=str(folder))
+    block = json.loads(open(config).read())
+    del block["adaptive_ds"]["preset"]
+    open(config, "w").write(json.dumps(block))
+    out = tmp_path / "run"
+    summary = train(["--ds_config", config, "--output_dir", str(out)])
+    assert summary["preset"] is None and summary["seq_len"] == 64  # its max_position_embeddings (up to 2048)
+    assert json.loads((out / "run_identity.json").read_text())["preset"] is None
+
+
 def test_data_of_another_vocabulary_is_refused_in_one_line(llama, tmp_path):
     config = write_ds_config(tmp_path, init_from=str(llama), data="embedded:hard")
     with pytest.raises(ConfigError, match="not the tokenizer of init_from") as error:

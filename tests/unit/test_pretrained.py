@@ -149,7 +149,7 @@ def test_the_preset_is_the_folders_shape_when_none_is_named(tmp_path, llama):
     settings, _ = parse(["--ds_config", str(config), "--init_from", str(debug_shaped)], 1)
     assert settings.preset == "debug"
     settings, _ = parse(["--ds_config", str(config), "--init_from", str(llama), "--arch", "moe"], 1)
-    assert settings.preset == "debug"  # no preset has the tiny shape: the default one, for seq_len only
+    assert settings.preset is None  # no preset has the tiny shape: none is claimed
     with pytest.raises(ConfigError, match="preset b1 contradicts") as error:
         parse(["--ds_config", str(config), "--init_from", str(debug_shaped), "--preset", "b1"], 1)
     assert "\n" not in str(error.value)
@@ -248,3 +248,18 @@ def test_a_resume_of_an_unchanged_folder_takes_the_recorded_hash_without_reading
     os.utime(folder / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert os.path.getsize(folder / "model.safetensors") == size  # only the content and mtime changed
     assert Source.open(str(folder)).identity(recorded)["sha256"] != recorded["sha256"]
+
+
+def test_a_folder_of_no_presets_shape_trains_at_its_own_context_up_to_2048(tmp_path):
+    """No preset named and none of the folder's shape: seq_len is max_position_embeddings up to 2048 (not the default
+    preset's 256), the expert count and top-k the architecture's defaults, and the model card claims no preset."""
+    long = Source.open(str(llama_folder(tmp_path / "long", max_position_embeddings=4096)))
+    short = Source.open(str(llama_folder(tmp_path / "short", max_position_embeddings=1024)))
+    assert long.matching_preset() is None and (long.seq_len(None), short.seq_len(None)) == (2048, 1024)
+    assert (long.seq_len("debug"), short.seq_len("b1")) == (256, 1024)  # a named preset's, up to the folder's
+    config = long.model_config("moe", None, long.config.vocab_size)
+    assert (config.num_local_experts, config.num_experts_per_tok, config.max_position_embeddings) == (8, 2, 4096)
+    card = model_card({"arch": "dense", "preset": None, "base_model": "org/tiny", "base_model_sha256": "sha256:ab"},
+                      "x")
+    assert "None" not in card and "debug" not in card and "\n# adaptive_ds dense\n" in card
+    assert "| preset | none (the shape of the weights it started from) |" in card
