@@ -44,7 +44,7 @@ from . import checkpoint
 from .arguments import ConfigError, RunSettings, check_precision, parse
 from .controller import Action, Controller, StepReport, TrainingStopped, Verdict, WindowReport, controller_settings
 from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
-from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses
+from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses, write_summary
 from .moe_adapter import expert_parallel_group
 from .output_dir import IDENTITY, prepare_output_dir, write_identity
 from .stop import StopRequest, StopRequested
@@ -188,9 +188,9 @@ class Trainer:
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
         distributed.progress.rerun = ("rerun the same command" if settings.output_dir else
                                       f"rerun the same command with --output_dir {self.output_dir}")
-        if self.resume_tag:
-            self._keep_the_checkpoints_global_batch(ds_config)
-            checkpoint.check_resumable(self.output_dir, self.resume_tag, self.identity)  # before anything is written
+        if self.resume_tag:  # checked before anything is written
+            saved = checkpoint.check_resumable(self.output_dir, self.resume_tag, self.identity)
+            self._keep_the_checkpoints_global_batch(ds_config, saved["identity"])
         # The run's length, once, from the global batch it keeps (a resume on another layout keeps the checkpoint's)
         self.settings = settings = _resolve_steps(settings, self.config, self.tokens_per_step)
         _warn_about_warmup(settings)
@@ -249,12 +249,11 @@ class Trainer:
         if is_writer:
             write_identity(self.output_dir, self.identity)
 
-    def _keep_the_checkpoints_global_batch(self, ds_config: dict) -> None:
+    def _keep_the_checkpoints_global_batch(self, ds_config: dict, saved: dict) -> None:
         """On another number of processes the global batch stays the checkpoint's: accumulation is re-derived from
         it (a warning says so), so the run continues on the same samples at the same steps. (Another number of
         processes or ep_size also loads the checkpoint through DeepSpeed's universal format: `checkpoint.restore`.)
-        """
-        saved = checkpoint.read_run_state(self.output_dir, self.resume_tag)["identity"]
+        `saved`: the checkpoint's identity."""
         if saved["world_size"] == self.world:
             return
         rows = saved["rows_per_step"]
@@ -464,7 +463,7 @@ class Trainer:
         self.metrics.close()
         self.controller.close()
         if self.rank == 0:
-            checkpoint.write_json(os.path.join(self.output_dir, "summary.json"), summary)
+            write_summary(self.output_dir, summary)
             logger.info("summary: %s", _describe(summary))
             self._optional_outputs(summary, last_step)
         return summary
@@ -499,7 +498,7 @@ class Trainer:
             self.pusher.push(os.path.join(self.output_dir, "final"), model_card(summary, _command()), "final model")
             summary["hub_push"] = {"repo": self.pusher.repo_id, "pushed": self.pusher.pushed,
                                    "failures": self.pusher.failures}
-            checkpoint.write_json(os.path.join(self.output_dir, "summary.json"), summary)
+            write_summary(self.output_dir, summary)
 
     def _train_loop(self, validator: Validator) -> tuple[int, float]:
         with self.clock.phase("setup"):  # the loader and its workers start; waiting for their batches is "data"

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ..flops import training_flops_per_token
 from ..models.configuration import AdaptiveDSConfig
+from .checkpoint.storage import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,7 @@ class LossWindow:
         return self.tokens / max(self.busy_seconds(), 1e-9)
 
 
+SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 ABANDONED_METRICS = "abandoned_metrics.jsonl"
 
@@ -349,3 +351,9 @@ def plot_losses(metrics_path: str, png_path: str, entropy_floor: float | None = 
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
+
+
+def write_summary(output_dir: str, summary: dict) -> None:
+    """OUTPUT_DIR/summary.json, the run's figures (docs/training.md), written atomically: a reader never finds half
+    of it."""
+    write_json(os.path.join(output_dir, SUMMARY), summary)

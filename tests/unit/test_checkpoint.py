@@ -56,3 +56,20 @@ def test_a_hybrid_checkpoint_of_the_old_top2_default_is_refused_and_resumes_when
     asked = {"arch": "hybrid", "model": json.loads(json.dumps(model_config(
         "debug", "hybrid", 128, **{"num_experts_per_tok": 2, "moe_drop_tokens": True}).to_dict()))}
     checkpoint.check_compatible(old, asked, "ckpt")
+
+
+def test_the_loop_reaches_checkpoints_through_three_names():
+    """The training loop uses the checkpoint package through the Checkpointer and the run identity's two functions,
+    nothing else (a static check of loop.py: every `checkpoint.NAME` it reads but the errors it catches, and no
+    `from .checkpoint import`)."""
+    import ast
+
+    import adaptive_ds.training.loop as loop_module
+
+    tree = ast.parse(open(loop_module.__file__).read())
+    used = {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "checkpoint"
+            and not node.attr.endswith("Error")}
+    direct = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+              and node.module.startswith("checkpoint")]
+    assert used == {"Checkpointer", "run_identity", "check_resumable"} and not direct, used

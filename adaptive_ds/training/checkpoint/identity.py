@@ -85,11 +85,15 @@ def with_new_model_fields(identity: dict) -> dict:
 
 
 def check_resumable(output_dir: str, tag: str, identity: dict) -> dict:
-    """Checkpoint `tag`'s run state, after checking that it belongs to this run (before anything is written)."""
+    """Checkpoint `tag`'s run state, after checking that it belongs to this run (before anything is written). On
+    another number of processes the global batch may differ: the run keeps the checkpoint's (the Trainer re-derives
+    its accumulation)."""
     saved = read_run_state(output_dir, tag)
     where = os.path.join(checkpoint_root(output_dir), tag)
     if "knobs" not in saved.get("controller", {}):
         raise CheckpointError(f"checkpoint {where!r} was written by an older adaptive_ds (no controller knobs); "
                               "resume it with that version or start a new --output_dir")
-    check_compatible(with_new_model_fields(saved["identity"]), identity, where, allowed=LAYOUT_KEYS)
+    other_layout = saved["identity"].get("world_size") != identity.get("world_size")
+    allowed = (*LAYOUT_KEYS, "rows_per_step") if other_layout else LAYOUT_KEYS
+    check_compatible(with_new_model_fields(saved["identity"]), identity, where, allowed=allowed)
     return saved
