@@ -83,7 +83,9 @@ class RunSettings:
     save_steps: int = setting(0, "DeepSpeed checkpoint every N steps (0: only at the end)", at_least=0)
     keep_last: int = setting(2, "checkpoints kept", at_least=1)
     stop_grace_s: int = setting(30, "seconds after SIGTERM or SIGINT (a preemption notice, Ctrl-C) within which the "
-                                    "run still saves a checkpoint at the next step boundary before it stops",
+                                    "run still saves a checkpoint where the ranks agree to stop (within two steps); "
+                                    "a further signal within them only marks the request again, one after them "
+                                    "stops the run at once",
                                 at_least=0)
     collective_timeout_s: int = setting(1800, "seconds a collective may wait on a hung process before the run "
                                               "stops with one line (long enough for rank-0-only work such as a "
