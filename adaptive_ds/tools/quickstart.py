@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(args.work, exist_ok=True)
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "cpu": cpu_model(),
               "memory_gib": round(psutil.virtual_memory().total / 2**30),
-              "command": "python -m adaptive_ds.tools.quickstart " + " ".join(argv if argv is not None
-                                                                             else sys.argv[1:]),
+              "command": " ".join(["python -m adaptive_ds.tools.quickstart",
+                                   *(argv if argv is not None else sys.argv[1:])]),
               **measure(os.path.abspath(args.repository), args.work, args.timeout_minutes * 60)}
     text = markdown(report)
     print(text)
