@@ -63,9 +63,14 @@ def run_command(command: str, cwd: str, timeout_s: float) -> dict:
     try:
         output, _ = proc.communicate(timeout=timeout_s)
         status = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    except BaseException as error:  # out of time, or the tool itself stopped (Ctrl-C does not reach the group)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         output, _ = proc.communicate()
+        if not isinstance(error, subprocess.TimeoutExpired):
+            raise
         status = None
     return {"command": command, "wall_s": round(time.perf_counter() - started, 1), "exit_status": status,
             "last_lines": last_lines(output)}
@@ -91,10 +96,9 @@ def markdown(report: dict) -> str:
     """The BENCHMARKS.md section of a report: provenance and one row per command."""
     lines = [f"Measured {report['date']} on {report['machine']} ({report['cpu']}, {report['memory_gib']} GiB), "
              f"commit {report['commit']}: `{report['command']}`. Each command from a fresh clone, one after the "
-             "other, as the README's quick start runs them: `make train` creates the virtualenv and installs the "
-             "package (torch from a local wheel where one is on pip's path) before training; `make test` then "
-             "finds it installed. The load average (1 minute) shows what else ran on the machine: near 0 on an idle "
-             "machine; the times grow with it.", "",
+             "other, as the README's quick start runs them: `make train` creates the virtualenv and installs torch "
+             "and the package before training; `make test` then finds them installed. The load average (1 minute) "
+             "shows what else ran on the machine: near 0 on an idle machine; the times grow with it.", "",
              "| command | wall time | exit status | load average at its start | last lines of output |",
              "|---|---|---|---|---|"]
     for result in report["results"]:

@@ -69,7 +69,8 @@ class StopRequest:
             signal.signal(signum, handler)
 
     def _mark(self, signum: int, frame) -> None:
-        if self.signum is not None and time.monotonic() - self.received < self.grace_s:
+        # (a rank stopping for a peer's signal has no clock of its own: it is stopping already, so it only marks)
+        if self.signum is not None and (self.received is None or time.monotonic() - self.received < self.grace_s):
             logger.info("%s: already stopping at the next step boundary", signal.Signals(signum).name)
             return
         if self.signum is not None:  # past the grace period: stop at once, as the handler before the loop does

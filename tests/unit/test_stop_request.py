@@ -12,7 +12,7 @@ from helpers.fake_engine import EngineLog, FakeEngine, FakeFaults
 from adaptive_ds import distributed
 from adaptive_ds.training import loop, train
 from adaptive_ds.training.checkpoint import latest_tag
-from adaptive_ds.training.stop import StopRequested
+from adaptive_ds.training.stop import StopRequest, StopRequested
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
         "intermediate_size": 64}
@@ -117,6 +117,16 @@ def test_a_second_signal_past_the_grace_period_stops_at_once(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         _fake_run(tmp_path, _Twice(EngineLog(), {3: signal.SIGINT}), stop_grace_s=0)
     assert latest_tag(str(tmp_path / "run")) is None
+
+
+def test_a_signal_on_a_rank_that_stops_for_a_peers_signal_only_marks():
+    """agreed() adopts a peer's signal without a clock of this rank's own (received stays None): a signal that then
+    reaches this rank (the launcher passing the stop on) must not break its save with a TypeError."""
+    request = StopRequest(30)
+    request.signum = signal.SIGTERM  # as agreed() leaves a rank that stops for another rank's signal
+    with request:
+        signal.raise_signal(signal.SIGTERM)
+    assert request.signum == signal.SIGTERM and request.received is None
 
 
 def test_the_grace_period_runs_from_the_first_signal_any_rank_received(monkeypatch):
