@@ -165,6 +165,7 @@ class Trainer:
         layout = read_ds_config(ds_config)
         self.validation_micro_batch = layout.micro_batch  # the held-out set: eval_batches of the ds_config's size
         self.rows_per_step = layout.rows_per_rank_step * self.world  # the global batch, constant whatever the split
+        self.configured_rows_per_rank = layout.rows_per_rank_step  # the ds_config's, before a resume keeps another
         self.data = _load_data(settings, seq_len)  # setup: the "data" phase is the loop's wait for batches
         tok = self.data.tokenizer
         tokens = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -190,7 +191,7 @@ class Trainer:
                                       f"rerun the same command with --output_dir {self.output_dir}")
         if self.resume_tag:  # checked before anything is written
             saved = checkpoint.check_resumable(self.output_dir, self.resume_tag, self.identity)
-            self._keep_the_checkpoints_global_batch(ds_config, saved["identity"])
+            self._keep_the_checkpoints_global_batch(ds_config, saved)
         # The run's length, once, from the global batch it keeps (a resume on another layout keeps the checkpoint's)
         self.settings = settings = _resolve_steps(settings, self.config, self.tokens_per_step)
         _warn_about_warmup(settings)
@@ -253,24 +254,24 @@ class Trainer:
         """On another number of processes the global batch stays the checkpoint's: accumulation is re-derived from
         it (a warning says so), so the run continues on the same samples at the same steps. (Another number of
         processes or ep_size also loads the checkpoint through DeepSpeed's universal format: `checkpoint.restore`.)
-        `saved`: the checkpoint's identity."""
-        if saved["world_size"] == self.world:
+        The same holds when the checkpoint was written on this number of processes after such a resume: its ds_config
+        was this one, and the global batch it kept stays. `saved`: the checkpoint's run state."""
+        rows = saved["identity"]["rows_per_step"]
+        if rows == self.rows_per_step:  # (any other difference check_resumable has refused)
             return
-        rows = saved["rows_per_step"]
         micro = self.settings.micro_batch if isinstance(self.settings.micro_batch, int) else \
             ds_config["train_micro_batch_size_per_gpu"]
-        if rows != self.rows_per_step:
-            if rows % (micro * self.world):
-                raise ConfigError(f"the checkpoint's global batch of {rows} rows does not split into micro-batches "
-                                  f"of {micro} on {self.world} processes; pass a --micro_batch that divides "
-                                  f"{rows // self.world}")
-            accumulation = rows // (micro * self.world)
-            logger.warning("resuming a %d-process run on %d: gradient accumulation %d keeps its global batch of %d "
-                           "rows", saved["world_size"], self.world, accumulation, rows)
-            ds_config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation)
-            ds_config.pop("train_batch_size", None)
-            self.rows_per_step = rows
-            self.identity = {**self.identity, "rows_per_step": rows}
+        if rows % (micro * self.world):
+            raise ConfigError(f"the checkpoint's global batch of {rows} rows does not split into micro-batches "
+                              f"of {micro} on {self.world} processes; pass a --micro_batch that divides "
+                              f"{rows // self.world}")
+        accumulation = rows // (micro * self.world)
+        logger.warning("resuming a %d-process run on %d: gradient accumulation %d keeps its global batch of %d "
+                       "rows", saved["identity"]["world_size"], self.world, accumulation, rows)
+        ds_config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation)
+        ds_config.pop("train_batch_size", None)
+        self.rows_per_step = rows
+        self.identity = {**self.identity, "rows_per_step": rows}
 
     def _micro_batch(self) -> int:
         """`--micro_batch N`, checked against the rows each process trains per step (which a resume on another
@@ -294,7 +295,7 @@ class Trainer:
         """The run's part of a checkpoint (run.json): where it is, what it is, and the controller's state."""
         return {"step": self.step, "data_steps": self.data_steps, "loss": self.last_loss, "identity": self.identity,
                 "controller": self.controller.state_dict(), "micro_batch": self.settings.micro_batch,
-                "stopped_early": self.stopped_early}
+                "stopped_early": self.stopped_early, "configured_rows_per_rank": self.configured_rows_per_rank}
 
     def load_state_dict(self, saved: dict) -> None:
         """Continue from a checkpoint's run state (the engine, optimizer, schedule and RNG are loaded already)."""

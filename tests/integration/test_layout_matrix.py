@@ -136,3 +136,30 @@ def test_a_resume_on_another_layout_keeps_the_budget_and_the_losses(tmp_path, la
             assert [m["step"] for m in _jsonl(out / "abandoned_metrics.jsonl")][-1:] == [SPIKE_AT - 1]
         else:
             assert rollbacks == []
+
+
+@pytest.mark.slow
+def test_a_second_resume_on_the_new_layout_keeps_the_first_layouts_batch(tmp_path):
+    """2 processes -> 1 -> 1 again: the checkpoint saved on one process holds the global batch it kept (8 rows, where
+    the ds_config gives 4 on one process), and the same command resumes it again instead of refusing a changed
+    batch; the run ends as an uninterrupted one-process run of 8-row steps does. A ds_config of another batch on the
+    same layout is still refused."""
+    config = write_ds_config(tmp_path, 2, 2, max_steps=12, save_steps=4, log_steps=1, warmup_steps=2,
+                             model=MODELS["dense"])
+    reference = tmp_path / "reference"
+    _run_here(write_ds_config(tmp_path, 2, 4, max_steps=12, save_steps=4, log_steps=1, warmup_steps=2,
+                              model=MODELS["dense"]), reference)
+    out = tmp_path / "run"
+    _launch(2, {"kill_before_step": 6}, config, out)  # leaves step 4's checkpoint, 8 rows a step
+    with pytest.raises(KeyboardInterrupt):
+        _run_here(config, out, hooks=_StopBefore(10))  # one process: saves step 8 there
+    other_batch = write_ds_config(tmp_path, 2, 1, max_steps=12, save_steps=4, log_steps=1, warmup_steps=2,
+                                  model=MODELS["dense"])
+    with pytest.raises(Exception, match="rows_per_step"):
+        _run_here(other_batch, out)
+    _run_here(config, out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 8 and summary["steps"] == 12
+    expected, got = _losses(reference), _losses(out)
+    assert sorted(got) == list(range(1, 13))
+    assert all(abs(got[step] - expected[step]) < 1e-5 for step in range(9, 13)), (got, expected)

@@ -84,6 +84,14 @@ def with_new_model_fields(identity: dict) -> dict:
     return {**identity, "model": {**completed, **model}}
 
 
+def kept_global_batch(saved: dict, identity: dict) -> bool:
+    """Whether checkpoint run state `saved` comes from this same ds_config (its rows per process), so that a global
+    batch it holds that differs from this run's is one a resume on another number of processes kept, not a change
+    of batch. A checkpoint from before the state recorded it: False."""
+    configured = saved.get("configured_rows_per_rank")
+    return configured is not None and configured * identity["world_size"] == identity["rows_per_step"]
+
+
 def check_resumable(output_dir: str, tag: str, identity: dict) -> dict:
     """Checkpoint `tag`'s run state, after checking that it belongs to this run (before anything is written). On
     another number of processes the global batch may differ: the run keeps the checkpoint's (the Trainer re-derives
@@ -94,6 +102,6 @@ def check_resumable(output_dir: str, tag: str, identity: dict) -> dict:
         raise CheckpointError(f"checkpoint {where!r} was written by an older adaptive_ds (no controller knobs); "
                               "resume it with that version or start a new --output_dir")
     other_layout = saved["identity"].get("world_size") != identity.get("world_size")
-    allowed = (*LAYOUT_KEYS, "rows_per_step") if other_layout else LAYOUT_KEYS
+    allowed = (*LAYOUT_KEYS, "rows_per_step") if other_layout or kept_global_batch(saved, identity) else LAYOUT_KEYS
     check_compatible(with_new_model_fields(saved["identity"]), identity, where, allowed=allowed)
     return saved
