@@ -39,7 +39,7 @@ from ..ds_config import SHIPPED_DIR
 from ..markdown_sections import replace_section
 from ..presets import PRESETS
 from .plan import SCENARIOS, plan_config
-from .report import check_markdown_path, commit, machine, write_report
+from .report import add_publish_arguments, check_markdown_path, commit, machine, write_report
 
 logger = logging.getLogger(__name__)
 
@@ -267,10 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--corpus_mb", type=float, default=40.0)
     p.add_argument("--files", type=int, default=4)
     p.add_argument("--steps", type=int, default=200, help="steps timed per pipeline")
-    p.add_argument("--out", help="folder of the JSON report data_benchmark.json (default: --work; the "
-                                 "repository's committed results: benchmarks)")
-    p.add_argument("--benchmarks_md", help="also write the table as a section of this Markdown file (the "
-                                           "repository's: BENCHMARKS.md); by default no file is touched")
+    add_publish_arguments(p, "data_benchmark.json")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     problems = [f"--{name} must be positive, got {value}" for name, value in

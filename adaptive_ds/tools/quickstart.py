@@ -23,7 +23,7 @@ import time
 import psutil
 
 from ..markdown_sections import replace_section
-from .report import check_markdown_path, machine, write_report
+from .report import add_publish_arguments, check_markdown_path, machine, write_report
 
 KEY = "quickstart"
 COMMANDS = ("make train", "make test")
@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repository", default=".", help="the git checkout whose HEAD is cloned (default: this one)")
     p.add_argument("--work", default="runs/quickstart", help="folder for the clone (emptied first)")
     p.add_argument("--timeout_minutes", type=float, default=90.0, help="each command's limit")
-    p.add_argument("--out", help="folder of the JSON report quickstart.json (default: --work; the repository's "
-                                 "committed results: benchmarks)")
-    p.add_argument("--benchmarks_md", help="also write the table as a section of this Markdown file (the "
-                                           "repository's: BENCHMARKS.md); by default no file is touched")
+    add_publish_arguments(p, "quickstart.json")
     args = p.parse_args(argv)
     if args.timeout_minutes <= 0:
         p.error(f"--timeout_minutes must be positive, got {args.timeout_minutes}")

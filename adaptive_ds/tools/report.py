@@ -54,6 +54,14 @@ def section_stem(key: str) -> str:
     return key.replace(":", "_")
 
 
+def add_publish_arguments(parser, report: str) -> None:
+    """`--out` and `--benchmarks_md` of a measuring command whose report `report` defaults to its --work folder."""
+    parser.add_argument("--out", help=f"folder of the JSON report {report} (default: --work; the repository's "
+                                      "committed results: benchmarks)")
+    parser.add_argument("--benchmarks_md", help="also write the table as a section of this Markdown file (the "
+                                                "repository's: BENCHMARKS.md); by default no file is touched")
+
+
 def check_markdown_path(path: str | None) -> None:
     """A `--benchmarks_md` whose folder does not exist is refused before anything is measured."""
     if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):

@@ -98,3 +98,23 @@ def ends_within(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def script_env(**extra) -> dict:
+    """This environment for a script a test runs as a user would: no launcher's variables, the test's Python first
+    on PATH, unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def output_within(process: subprocess.Popen, timeout: int) -> str:
+    """The output of `process` (started with start_new_session=True) once it ends; its whole process group is killed
+    and the test fails if it outlives `timeout`."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"still running after {timeout} s:\n{output[-3000:]}") from None
+    return output

@@ -7,15 +7,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers.common import ROOT
-
-from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
+from helpers.common import ROOT, output_within, script_env
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w+) ?(\w*)\n(.*?)^```$", flags=re.S | re.M)
@@ -54,16 +50,9 @@ def test_the_make_targets_are_found():
 def _run_block(body: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     """`body` as a bash script in `cwd`, with the test's Python first on PATH; the whole process group is killed if
     it outlives `timeout`."""
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", body], cwd=cwd, env=env, text=True,
+    process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", body], cwd=cwd, env=script_env(), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        raise AssertionError(f"still running after {timeout} s:\n{output[-3000:]}") from None
+    output = output_within(process, timeout)
     return subprocess.CompletedProcess(body, process.returncode, output)
 
 

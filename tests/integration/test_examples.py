@@ -8,15 +8,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.common import ROOT, free_port
+from helpers.common import ROOT, free_port, output_within, script_env
 from helpers.corpora import DOCS
-
-from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
 
 EXAMPLES = ROOT / "examples"
 FIXTURES = ROOT / "tests" / "fixtures" / "final"
@@ -29,25 +26,14 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
 def _start(args: list[str], cwd: Path, **env) -> subprocess.Popen:
-    return subprocess.Popen(args, cwd=cwd, env=_env(**env), text=True, stdout=subprocess.PIPE,
+    return subprocess.Popen(args, cwd=cwd, env=script_env(**env), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _finish(process: subprocess.Popen, timeout: int) -> str:
     """The process's output once it has ended with status 0; its whole group is killed if it outlives `timeout`."""
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        raise AssertionError(f"still running after {timeout} s:\n{output[-3000:]}") from None
+    output = output_within(process, timeout)
     assert process.returncode == 0, output[-3000:]
     return output
 
