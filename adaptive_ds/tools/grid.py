@@ -85,12 +85,15 @@ class Variant:
     model: dict = field(default_factory=dict)
     controller: dict = field(default_factory=dict)
     tokens: int | None = None  # this variant's own token budget (e.g. dense at a cheaper variant's FLOPs)
+    # from random weights in a continuation grid ("init_from": null): the from-scratch arm beside the continuations
+    scratch: bool = False
 
 
 def parse_variant(text: str) -> Variant:
     """`NAME` of presets.VARIANTS, or `NAME+{JSON}`: the named variant with more model overrides (and "controller"
     settings, and "tokens": its own token budget, e.g. `dense+{"tokens": 278000}` trains dense on the training
-    FLOPs a cheaper variant spends on the grid's budget: an iso-FLOP baseline with a complete schedule)."""
+    FLOPs a cheaper variant spends on the grid's budget: an iso-FLOP baseline with a complete schedule; and
+    `"init_from": null`: in a continuation grid, this variant trains from random weights, the from-scratch arm)."""
     base, plus, extra = text.partition("+")
     if base not in VARIANTS:
         raise ValueError(f"unknown variant {text!r}; valid: {', '.join(VARIANTS)}, or one of them followed by "
@@ -109,8 +112,12 @@ def parse_variant(text: str) -> Variant:
         tokens = overrides.pop("tokens", None)
         if tokens is not None and (not isinstance(tokens, int) or tokens < 1):
             raise ValueError(f"variant {text!r}: 'tokens' must be a positive integer, got {tokens!r}")
+        scratch = "init_from" in overrides
+        if overrides.pop("init_from", None) is not None:
+            raise ValueError(f"variant {text!r}: 'init_from' may only be null (this variant from random weights in a "
+                             "continuation grid); the grid's --init_from names the weights")
         model.update(overrides)
-        return Variant(text, entry.arch, model, controller, tokens)
+        return Variant(text, entry.arch, model, controller, tokens, scratch)
     return Variant(text, entry.arch, model, controller)
 
 
@@ -131,6 +138,8 @@ class GridSpec:
     name: str | None = None  # the last part of the section key and of the report's file names
     # pretrained weights every run starts from (--init_from; "{seed}" in it is each run's seed): a continuation grid
     init_from: str | None = None
+    # (variant, baseline) pairs compared apart from the baseline (--pair): a continuation against its from-scratch arm
+    pairs: tuple[tuple[str, str], ...] = ()
 
     def source(self, seed: int) -> str | None:
         """The --init_from of the run of `seed`: the template with its seed, a glob of it matching one folder (a
@@ -157,6 +166,10 @@ class GridSpec:
         name = self.data if "," in self.data else os.path.basename(self.data.rstrip("/")).split(".")[0]
         return re.sub(r"[^a-z0-9]+", "-", (name or self.data).lower()).strip("-")[:40]
 
+    def starts_from(self, variant: Variant) -> bool:
+        """Whether `variant`'s runs start from the --init_from weights (not a from-scratch arm)."""
+        return self.init_from is not None and not variant.scratch
+
     def training_args(self, variant: Variant, seed: int) -> list[str]:
         """The training command line of one run, its --output_dir aside."""
         args = ["--ds_config", self.ds_config, "--preset", self.preset, "--arch", variant.arch, "--data", self.data,
@@ -171,7 +184,7 @@ class GridSpec:
             args += ["--warmup_steps", str(self.warmup_steps)]
         if self.eval_batches is not None:
             args += ["--eval_batches", str(self.eval_batches)]
-        if self.init_from is not None:
+        if self.starts_from(variant):
             args += ["--init_from", self.source(seed)]
         return args
 
@@ -185,7 +198,7 @@ class GridSpec:
         defaults = {k: v for k, v in VARIANTS[variant.arch].model.items() if k not in variant.model}
         if defaults:  # absent, the key is what it was before the defaults existed: those runs are still kept
             key += json.dumps(defaults, sort_keys=True).encode()
-        if self.init_from is not None:  # the weights it starts from, by content: a retrained base trains anew
+        if self.starts_from(variant):  # the weights it starts from, by content: a retrained base trains anew
             key += pretrained.content_hash(pretrained.resolve(self.source(seed))).encode()
         slug = re.sub(r"[^a-z0-9]+", "-", variant.name.lower()).strip("-")[:40]
         digest = hashlib.sha256(key).hexdigest()[:10]
@@ -207,6 +220,8 @@ class GridSpec:
             parts += ["--name", self.name]
         if self.init_from is not None:
             parts += ["--init_from", self.init_from]
+        for variant, baseline in self.pairs:
+            parts += ["--pair", variant, baseline]
         return shlex.join(parts)
 
 
@@ -397,8 +412,10 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
     logger.info("grid: report %s", path)
     prefix = os.path.join(out_dir, section_stem(spec.key))
     curves = {}
-    for r in finished:
-        curves.setdefault(r["variant"], []).append(r["curve"])
+    scratch = {v.name for v in spec.variants if spec.init_from is not None and v.scratch}
+    for r in finished:  # a continuation grid's figures show the continuations: a from-scratch curve starts elsewhere
+        if r["variant"] not in scratch:
+            curves.setdefault(r["variant"], []).append(r["curve"])
     plot(curves, report["entropy_floor"], prefix)
     return report
 
@@ -409,9 +426,15 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
     `failed` each failure of `execute` with the variant and seed."""
     # Equal-budget figures are read at what every run on the grid's own budget reached: a variant with a smaller
     # budget of its own (an iso-FLOP baseline) is compared by its validation loss, not by moving that point.
-    own_budget = {v.name for v in spec.variants if v.tokens is not None}
+    # A from-scratch arm of a continuation grid neither sets the budgets nor is read at them: its curve starts from
+    # random weights, the continuations' from the base model, so only its validation loss compares.
+    scratch = {v.name for v in spec.variants if spec.init_from is not None and v.scratch}
+    own_budget = {v.name for v in spec.variants if v.tokens is not None} | scratch
     at = budgets([r for r in finished if r["variant"] not in own_budget] or finished)
     rows = [{**{k: r[k] for k in RUN_KEYS}, **run_row(r, at, peak_tflops, price)} for r in finished]
+    for row in rows:
+        if row["variant"] in scratch:
+            row.update({f"train_loss_at_equal_{name}": None for name, _, _ in BUDGETS})
     trained = {k: sorted({r["trained"][k] for r in rows}) for k in ("commit", "machine", "date")}
     floors = [r["entropy_floor"] for r in rows]
     names = [v.name for v in spec.variants if any(r["variant"] == v.name for r in rows)]
@@ -427,6 +450,8 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
         "failed": failed,
         "results": {name: aggregate([r for r in rows if r["variant"] == name]) for name in names},
         "comparisons": compare(rows, spec.baseline),
+        "pairs": [{"variant": v, "baseline": b, **compare([r for r in rows if r["variant"] in (v, b)], b).get(v, {})}
+                  for v, b in spec.pairs],
     }
 
 
@@ -477,6 +502,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                                        "'runs/base/debug-embedded-dense-seed{seed}-*/final'; the "
                                        "source's content enters each run's directory name, and a run's FLOPs are "
                                        "the continuation's, with the base run's beside them")
+    p.add_argument("--pair", nargs=2, action="append", default=[], metavar=("VARIANT", "BASELINE"),
+                   help="also compare VARIANT with BASELINE (both among --variants), in a table of pairs of their "
+                        "own: e.g. a continuation with the same architecture from scratch ('moe+{\"init_from\": "
+                        "null}'); repeat for more pairs")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: report the runs that finished (a grid cut short), list the rest as not run")
     return p.parse_args(argv)
@@ -499,8 +528,18 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
         if repeated:
             raise SystemExit(f"error: {what}(s) {', '.join(repeated)} given twice; each trains once")
     found = [GridSpec(preset, variants, tuple(args.seeds), args.tokens, args.ds_config, args.data, args.tokenizer,
-                      args.warmup_steps, args.baseline, args.eval_batches, args.name, args.init_from)
+                      args.warmup_steps, args.baseline, args.eval_batches, args.name, args.init_from,
+                      tuple(map(tuple, args.pair)))
              for preset in args.preset]
+    names = [v.name for v in variants]
+    for pair in args.pair:
+        unknown = [name for name in pair if name not in names]
+        if unknown:
+            raise SystemExit(f"error: --pair {' '.join(map(shlex.quote, pair))}: {', '.join(map(repr, unknown))} "
+                             f"not among --variants ({', '.join(names)})")
+    if args.init_from is None and any(v.scratch for v in variants):
+        raise SystemExit("error: a variant with \"init_from\": null needs --init_from: without it every run is from "
+                         "random weights")
     if args.init_from is not None:  # every seed's base weights, before any run trains
         try:
             for seed in args.seeds:

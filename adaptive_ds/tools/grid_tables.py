@@ -187,7 +187,11 @@ def _header(report: dict) -> list[str]:
         + "Each figure is the mean ± the standard deviation over the seeds (n: the runs that finished where "
         "fewer); '-' marks a figure that does not apply. Train losses are read off each run's curve at the "
         f"smallest total any run reached: {at['flops']:.3g} training FLOPs, {at['tokens']:,.0f} tokens, "
-        f"{at['seconds']:.1f} training seconds.",
+        f"{at['seconds']:.1f} training seconds."
+        + (f" A continuation grid: each run starts from `{report['init_from']}` of its seed, and its FLOPs, tokens "
+           "and seconds count the continuation only (the routing table gives the total with the base run's); a "
+           "variant with `\"init_from\": null` trains from random weights instead, its train losses not read at the "
+           "continuations' budgets." if report.get("init_from") else ""),
         "",
         f"Variants: {variants}.",
     ]
@@ -229,6 +233,23 @@ def _comparison_table(report: dict) -> list[str]:
     return lines
 
 
+def _pairs_table(report: dict) -> list[str]:
+    pairs = report.get("pairs") or []
+    if not pairs:
+        return []
+    lines = ["", "Each against its pair (variant - baseline, as above):", "",
+             "| variant | baseline | validation loss | top-k routing loss | train loss at equal FLOPs "
+             "| at equal tokens | at equal seconds | seeds |", "|---" * 8 + "|"]
+    for p in pairs:
+        if "validation_loss" not in p:  # a side without a finished run
+            lines.append(f"| {p['variant']} | {p['baseline']} | " + " | ".join(["-"] * 6) + " |")
+            continue
+        pairing = f"{p['validation_loss']['n']} paired" if p["validation_loss"]["paired"] else "unpaired"
+        lines.append(f"| {p['variant']} | {p['baseline']} | " + " | ".join(_difference_cell(p[m]) for m in COMPARED)
+                     + f" | {pairing} |")
+    return lines
+
+
 def _cost_table(report: dict) -> list[str]:
     results, seeds = report["results"], len(report["seeds"])
     gpu = report["peak_tflops"] is not None
@@ -245,8 +266,9 @@ def _cost_table(report: dict) -> list[str]:
 
 
 def _routing_table(report: dict) -> list[str]:
+    continued = bool(report.get("init_from"))
     lines = _head(["expert utilisation", "load balance", "dropped", "skip rate", "FLOPs reduction", "training FLOPs",
-                   *PHASES])
+                   *(["with the base run's"] if continued else []), *PHASES])
     for name, r in report["results"].items():
         mean = {k: (v["mean"] if v is not None else None) for k, v in r.items() if k != "time_breakdown_s"}
         t = r["time_breakdown_s"]
@@ -254,7 +276,9 @@ def _routing_table(report: dict) -> list[str]:
             f"| {name} | {_fmt(mean['expert_utilisation'] and 100 * mean['expert_utilisation'], '.1f', '%')} | "
             f"{_fmt(mean['load_balance'], '.3f')} | {_fmt(mean['dropped_fraction'], '.1%')} | "
             f"{_fmt(mean['skip_rate'], '.1%')} | {_fmt(mean['flops_reduction'], '.1%')} | "
-            f"{mean['training_flops']:.3g} | " + " | ".join(f"{t[p]['mean']:.1f} s" for p in PHASES) + " |")
+            f"{mean['training_flops']:.3g} | "
+            + (f"{_fmt(mean.get('total_training_flops'), '.3g')} | " if continued else "")
+            + " | ".join(f"{t[p]['mean']:.1f} s" for p in PHASES) + " |")
     return lines
 
 
@@ -272,5 +296,5 @@ def _failures(report: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     """The grid's section of BENCHMARKS.md: provenance, then quality, comparison, cost and routing tables."""
-    return "\n".join([*_header(report), "", *_quality_table(report), "", *_comparison_table(report), "",
-                      *_cost_table(report), "", *_routing_table(report), *_failures(report)])
+    return "\n".join([*_header(report), "", *_quality_table(report), "", *_comparison_table(report),
+                      *_pairs_table(report), "", *_cost_table(report), "", *_routing_table(report), *_failures(report)])

@@ -80,12 +80,20 @@ def test_a_continuation_grid_starts_every_run_from_its_seeds_base_and_counts_the
     base = run_grid(GridSpec("debug", (parse_variant("dense"),), (1,), 4096, config, warmup_steps=1,
                              name="base"), out, os.path.join(runs, "base"))
     template = os.path.join(runs, "base", "debug-embedded-dense-seed{seed}-*", "final")
-    main(["--variants", "dense", "moe", "--seeds", "1", "--tokens", "4096", "--ds_config", config,
-          "--warmup_steps", "1", "--out", out, "--runs", runs, "--name", "continued", "--init_from", template])
+    scratch = 'dense+{"init_from": null}'
+    main(["--variants", "dense", "moe", scratch, "--seeds", "1", "--tokens", "4096", "--ds_config", config,
+          "--warmup_steps", "1", "--out", out, "--runs", runs, "--name", "continued", "--init_from", template,
+          "--pair", "dense", scratch])
     report = json.loads((tmp_path / "out" / "grid_debug_embedded_continued.json").read_text())
     assert report["init_from"] == template and f"--init_from {shlex.quote(template)}" in report["command"]
     base_flops = base["runs"][0]["training_flops"]
-    for row in report["runs"]:
+    (fresh,) = [row for row in report["runs"] if row["variant"] == scratch]  # from random weights: no base
+    assert "base_model" not in json.loads(open(os.path.join(runs, fresh["run_dir"], "summary.json")).read())
+    assert fresh["base_training_flops"] is None and fresh["validation_loss"] > report["runs"][0]["validation_loss"]
+    (pair,) = report["pairs"]
+    assert pair["validation_loss"]["difference"] == pytest.approx(
+        report["runs"][0]["validation_loss"] - fresh["validation_loss"])
+    for row in [r for r in report["runs"] if r["variant"] != scratch]:
         summary = json.loads(open(os.path.join(runs, row["run_dir"], "summary.json")).read())
         assert summary["base_model"].endswith("final") and summary["steps"] == 2  # this run's steps only
         assert row["base_training_flops"] == base_flops
