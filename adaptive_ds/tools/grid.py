@@ -140,6 +140,7 @@ class GridSpec:
     init_from: str | None = None
     # (variant, baseline) pairs compared apart from the baseline (--pair): a continuation against its from-scratch arm
     pairs: tuple[tuple[str, str], ...] = ()
+    log_steps: int | None = None  # the curves' resolution: a short continuation needs more points than the default
 
     def source(self, seed: int) -> str | None:
         """The --init_from of the run of `seed`: the template with its seed, a glob of it matching one folder (a
@@ -182,6 +183,8 @@ class GridSpec:
             args += ["--controller", json.dumps(variant.controller, sort_keys=True)]
         if self.warmup_steps is not None:
             args += ["--warmup_steps", str(self.warmup_steps)]
+        if self.log_steps is not None:
+            args += ["--log_steps", str(self.log_steps)]
         if self.eval_batches is not None:
             args += ["--eval_batches", str(self.eval_batches)]
         if self.starts_from(variant):
@@ -214,6 +217,8 @@ class GridSpec:
             parts += ["--baseline", self.baseline]
         if self.warmup_steps is not None:
             parts += ["--warmup_steps", str(self.warmup_steps)]
+        if self.log_steps is not None:
+            parts += ["--log_steps", str(self.log_steps)]
         if self.eval_batches is not None:
             parts += ["--eval_batches", str(self.eval_batches)]
         if self.name is not None:
@@ -484,6 +489,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup_steps", type=int,
                    help="learning-rate warm-up of every run (default: the ds_config's; a GPU config's 2000 steps "
                         "are meant for its 20000)")
+    p.add_argument("--log_steps", type=int,
+                   help="every run's logging cadence, the points of its loss curve (default: the ds_config's); a "
+                        "short run needs a few steps between points to be read at the grid's budgets")
     p.add_argument("--eval_batches", type=int,
                    help="held-out batches of every run's validation loss (default: the ds_config's); more batches, "
                         "smaller standard errors")
@@ -529,7 +537,7 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
             raise SystemExit(f"error: {what}(s) {', '.join(repeated)} given twice; each trains once")
     found = [GridSpec(preset, variants, tuple(args.seeds), args.tokens, args.ds_config, args.data, args.tokenizer,
                       args.warmup_steps, args.baseline, args.eval_batches, args.name, args.init_from,
-                      tuple(map(tuple, args.pair)))
+                      tuple(map(tuple, args.pair)), args.log_steps)
              for preset in args.preset]
     names = [v.name for v in variants]
     for pair in args.pair:

@@ -440,6 +440,11 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
     plain = GridSpec("debug", (scratch,), (1, 2), 2000, "ds_configs/debug_cpu.json", data="embedded:hard")
     assert spec.run_dir("runs", scratch, 1) == plain.run_dir("runs", scratch, 1)
     assert f"--pair moe {shlex.quote(scratch.name)}" in spec.command()
+    # a short continuation's curve needs more points than the ds_config's cadence: --log_steps reaches every run
+    logged = GridSpec("debug", (continued,), (1,), 2000, "ds_configs/debug_cpu.json", log_steps=2)
+    args = _parse_args(["--log_steps", "2"])
+    assert args.log_steps == 2 and "--log_steps 2" in logged.command()
+    assert parse(logged.training_args(continued, 1), world_size=1)[0].log_steps == 2
     # continuations: dense 2.0 / 2.1, moe 1.9 / 2.05 (validation); moe from scratch 2.3 / 2.35, its curve from 9.0
     finished = [_record("dense", s, [(1e12, 2.5, 1000, 2.0), (2e12, 2.2, 2000, 4.0)], v)
                 for s, v in ((1, 2.0), (2, 2.1))]
