@@ -100,6 +100,18 @@ class Verdict:
 CONTINUE = Verdict(Action.CONTINUE)
 
 
+def _severity(verdict: Verdict) -> int:
+    if verdict.action is Action.STOP:
+        return 3 if verdict.failed else 1
+    return {Action.ROLL_BACK: 2, Action.RETRY_STEP: 2}.get(verdict.action, 0)
+
+
+def strongest(*verdicts: Verdict) -> Verdict:
+    """The verdict the loop acts on when several sources judge one step (its validation and its logging window): a
+    failure first, then a rollback, then a planned stop (early stopping), else CONTINUE; the first of equals."""
+    return max(verdicts, key=_severity, default=CONTINUE)
+
+
 @dataclass(frozen=True)
 class StepReport:
     step: int

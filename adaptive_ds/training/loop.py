@@ -42,7 +42,16 @@ from ..models import AdaptiveDSForCausalLM
 from ..presets import PRESETS, model_config, parameter_counts
 from . import checkpoint
 from .arguments import ConfigError, RunSettings, check_precision, parse
-from .controller import Action, Controller, StepReport, TrainingStopped, Verdict, WindowReport, controller_settings
+from .controller import (
+    Action,
+    Controller,
+    StepReport,
+    TrainingStopped,
+    Verdict,
+    WindowReport,
+    controller_settings,
+    strongest,
+)
 from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
 from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses, write_summary
 from .moe_adapter import expert_parallel_group
@@ -541,6 +550,15 @@ class Trainer:
                         with clock.phase("train"):  # it waits for the device to finish the steps
                             verdict = self._read_losses(window)
                 back = self._handle(verdict, step)
+                if back == step and not self.pending:  # observed once its loss is on the host
+                    record, verdict = self._observe(step, window, validator, stopping)
+                    if "loss" in record:
+                        train_loss = record["loss"]
+                        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                    back = self._handle(verdict, step)
+                if back is None:  # early stopping: the run ends here, saved as usual
+                    self.stopped_early = True
+                    break
                 if back != step:
                     self.pending = []  # steps after the checkpoint: undone
                     step = self.step = bar.n = back
@@ -548,13 +566,6 @@ class Trainer:
                     continue
                 if self.pending:  # the step's loss is still on the device: nothing observes it yet
                     continue
-                record, verdict = self._observe(step, window, validator, stopping)
-                if "loss" in record:
-                    train_loss = record["loss"]
-                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                if self._handle(verdict, step) is None:  # early stopping: the run ends here, saved as usual
-                    self.stopped_early = True
-                    break
                 if self.checkpointer.should_save(step, settings.max_steps, controller.healthy):
                     with clock.phase("checkpoint"):
                         self._save(step)
@@ -589,13 +600,14 @@ class Trainer:
         """After a step the run keeps: validation at its cadence, the logging window at its own, both written as the
         step's one metrics.jsonl record (none when neither is due); returns the record and the controller's verdict
         (early stopping). The step the run stops at (early, or on a signal: `stopping`) always logs its window."""
-        record, verdict = {}, Verdict(Action.CONTINUE)
+        record, verdict, logged = {}, Verdict(Action.CONTINUE), Verdict(Action.CONTINUE)
         if validator.should_run(step):
             with self.clock.phase("eval"):
                 record.update(validator.run(self.engine, step, self.applied.micro_batch))
             verdict = self.controller.observe_validation(step, record["validation_loss"])
         if stopping or self.metrics.should_log(step, self.settings.max_steps) or verdict.action is Action.STOP:
-            record.update(self._window_record(step, window))
+            window_record, logged = self._window_record(step, window)
+            record.update(window_record)
         if record:
             self.metrics.write({"step": step, "tokens_seen": step * self.tokens_per_step,
                                 "elapsed_s": self.clock.elapsed(), **record})
@@ -607,11 +619,11 @@ class Trainer:
                             record["loss"], floor, val, record["lr"], record["tokens_per_s"])
             else:
                 logger.info("step %d/%d%s", step, self.settings.max_steps, val)
-        return record, verdict
+        return record, strongest(verdict, logged)
 
-    def _window_record(self, step: int, window: LossWindow) -> dict:
-        """The logging window that ends at `step`: its mean loss, speed and routing; the controller sees the routing
-        (collective: every rank logs at the same steps)."""
+    def _window_record(self, step: int, window: LossWindow) -> tuple[dict, Verdict]:
+        """The logging window that ends at `step`: its mean loss, speed and routing, and the controller's verdict on
+        the routing (collective: every rank logs at the same steps)."""
         record = {"loss": window.mean_loss(), "lr": self.engine.get_lr()[0],
                   "micro_batch": self.applied.micro_batch, "accumulation": self.applied.accumulation,
                   "tokens_per_s": window.tokens_per_s(), "window_s": window.busy_seconds(),
@@ -621,10 +633,10 @@ class Trainer:
         stats = self.data.statistics
         if stats:
             record.update(entropy_floor=stats.entropy_floor, captured=stats.captured(record["loss"]))
-        _raise_if_failed(self.controller.observe_window(WindowReport(step, record.get("moe"), record.get("mod"))))
+        verdict = self.controller.observe_window(WindowReport(step, record.get("moe"), record.get("mod")))
         self.window.reset()
         window.restart()
-        return record
+        return record, verdict
 
     def _save(self, step: int) -> None:
         """A periodic checkpoint; one that cannot be written (a full disk) costs a warning, not the run: the
@@ -669,11 +681,6 @@ def _routing_of(out) -> SimpleNamespace:
     """The routing statistics of a forward's output, without its logits and hidden states."""
     fields = ("expert_counts", "expert_dropped", "aux_loss", "z_loss", "mod_routing", "mod_predictor_loss")
     return SimpleNamespace(**{name: getattr(out, name) for name in fields})
-
-
-def _raise_if_failed(verdict: Verdict) -> None:
-    if verdict.action is Action.STOP and verdict.failed:
-        raise TrainingStopped(verdict.reason)
 
 
 def _describe(summary: dict) -> str:
