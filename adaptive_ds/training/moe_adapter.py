@@ -25,7 +25,8 @@ from deepspeed.moe.layer import MoE
 from torch import nn
 
 from ..models import AdaptiveDSConfig
-from ..models.moe import MoEFeedForward, SwiGLU, pack
+from ..models.expert_layout import pack
+from ..models.moe import MoEFeedForward, SwiGLU
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -79,7 +80,8 @@ def to_deepspeed(layer: MoEFeedForward, config: AdaptiveDSConfig) -> None:
 def pack_for_optimizer(layer: MoEFeedForward) -> None:
     """Pack the layer's local experts' weights (each projection one buffer, for the grouped GEMM's view) and never
     move them again: DeepSpeed's optimizers flatten each param group into one buffer and point the parameters into
-    it, where a weight alone in its group would look as if it owned its storage (see `models.moe.stacked_weights`)."""
+    it, where a weight alone in its group would look as if it owned its storage
+    (see `models.expert_layout.stacked_weights`)."""
     for name in PROJECTIONS:
         pack(layer.expert_weights(name))
     layer.may_pack = False

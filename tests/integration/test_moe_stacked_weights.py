@@ -12,7 +12,8 @@ from helpers.common import tiny_config, write_ds_config
 
 from adaptive_ds import distributed
 from adaptive_ds.models import AdaptiveDSForCausalLM
-from adaptive_ds.models.moe import MoEFeedForward, stacked_weights
+from adaptive_ds.models.expert_layout import stacked_weights
+from adaptive_ds.models.moe import MoEFeedForward
 from adaptive_ds.training.optim import parameter_groups
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")

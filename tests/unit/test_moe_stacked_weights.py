@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from adaptive_ds.models import AdaptiveDSForCausalLM
-from adaptive_ds.models.moe import MoEFeedForward, regular_stride, stacked_weights
+from adaptive_ds.models.expert_layout import regular_stride, stacked_weights
+from adaptive_ds.models.moe import MoEFeedForward
 from adaptive_ds.training.optim import parameter_groups
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
