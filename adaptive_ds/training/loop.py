@@ -18,13 +18,10 @@ started again with the same command continues from the latest).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import shlex
 import signal
-import sys
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -33,15 +30,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import distributed, pretrained
-from ..data import build_training_data
+from .. import distributed
 from ..ds_config import read as read_ds_config
 from ..export import final  # the module, not its names: export.final imports training.moe_adapter in turn
 from ..export.hub import HubPusher, model_card
-from ..models import AdaptiveDSForCausalLM
-from ..presets import PRESETS, model_config, parameter_counts
-from . import checkpoint
-from .arguments import ConfigError, RunSettings, check_precision, parse
+from ..presets import PRESETS, parameter_counts
+from . import checkpoint, startup
+from .arguments import ConfigError, parse
 from .controller import (
     Action,
     Controller,
@@ -55,7 +50,7 @@ from .controller import (
 from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
 from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses, write_summary
 from .moe_adapter import expert_parallel_group
-from .output_dir import IDENTITY, prepare_output_dir, write_identity
+from .output_dir import prepare_output_dir, write_identity
 from .stop import StopRequest, StopRequested
 from .validation import Validator
 
@@ -82,81 +77,6 @@ class StepResult:
     overflow: bool  # DeepSpeed's fp16 loss scaler skipped the step
 
 
-def _resolve_steps(settings: RunSettings, config, tokens_per_step: int) -> RunSettings:
-    """max_steps from a token budget (a number, or chinchilla: 20 tokens per parameter, Hoffmann et al. 2022)."""
-    if settings.tokens is None:
-        return settings
-    budget = 20 * parameter_counts(config).total if settings.tokens == "chinchilla" else int(settings.tokens)
-    return replace(settings, max_steps=max(1, -(-budget // tokens_per_step)))
-
-
-def _warn_about_warmup(settings: RunSettings) -> None:
-    if settings.warmup_steps >= settings.max_steps:
-        logger.warning("warmup_steps %d >= max_steps %d: the learning rate never reaches its peak; pass "
-                       "--warmup_steps (e.g. %d, 5%% of the steps)", settings.warmup_steps, settings.max_steps,
-                       max(1, settings.max_steps // 20))
-
-
-def _cap_gpu_memory(gib: float) -> None:
-    """Make the CUDA allocator fail beyond `gib` (its out-of-memory is then the controller's to handle)."""
-    if not torch.cuda.is_available():
-        logger.warning("--gpu_memory_gib %.1f ignored: no CUDA device", gib)
-        return
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    if gib * 2**30 > total:
-        raise ConfigError(f"gpu_memory_gib {gib} exceeds this GPU's {total / 2**30:.1f} GiB; pass a smaller cap")
-    torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total)
-    logger.info("CUDA memory capped at %.1f GiB of %.1f GiB", gib, total / 2**30)
-
-
-def _prepare_device(settings: RunSettings, ds_config: dict) -> None:
-    check_precision(ds_config, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
-    if settings.gpu_memory_gib:
-        _cap_gpu_memory(settings.gpu_memory_gib)
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0):
-        torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
-
-
-def _load_data(settings: RunSettings, seq_len: int):
-    epoch_blocks = None  # global blocks per epoch: the same subset whatever the number of processes
-    if settings.tokens not in (None, "chinchilla") and settings.epochs > 1:
-        epoch_blocks = -(-int(settings.tokens) // (settings.epochs * seq_len))
-    try:
-        return build_training_data(settings.data, seq_len, settings.seed, tokenizer=settings.tokenizer,
-                                   text_field=settings.text_field, hub_config=settings.data_config,
-                                   validation_share=settings.validation_share, epoch_blocks=epoch_blocks,
-                                   workers=settings.data_workers)
-    except ValueError as error:  # bad data is bad input: one line, before anything is written
-        raise ConfigError(str(error)) from None
-
-
-def _open_source(settings: RunSettings):
-    """The pretrained model of --init_from (already checked by the settings' validation), or None."""
-    if settings.init_from is None:
-        return None
-    try:
-        return pretrained.Source.open(settings.init_from)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-
-
-def _recorded_base_model(output_dir: str | None) -> dict | None:
-    """The source record (`pretrained.Source.identity`) of the run in `output_dir`, if it has one."""
-    if output_dir is None:
-        return None
-    try:
-        with open(os.path.join(output_dir, IDENTITY)) as f:
-            recorded = json.load(f).get("base_model")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-    return recorded if isinstance(recorded, dict) else None
-
-
-def _command() -> str:
-    """The command line that started this process (the program by its name: `train.py`, `adaptive-ds train`)."""
-    return " ".join([os.path.basename(sys.argv[0]), shlex.join(sys.argv[1:])]).strip()
-
-
 class Trainer:
     """One training run. Construction does everything that can fail on bad input or a bad checkpoint (settings,
     process group, data, model, output directory, engine, controller); `run` trains."""
@@ -168,31 +88,18 @@ class Trainer:
         self.settings = settings  # its max_steps is resolved below, once the global batch the run keeps is known
         distributed.init_distributed(settings.collective_timeout_s)
         self.rank, self.world = distributed.rank(), distributed.world_size()
-        _prepare_device(settings, ds_config)
-        self.source = _open_source(settings)  # pretrained weights to start from (--init_from), or None
+        startup.prepare_device(settings, ds_config)
+        self.source = startup.open_source(settings)  # pretrained weights to start from (--init_from), or None
         seq_len = self.source.seq_len(settings.preset) if self.source else PRESETS[settings.preset].seq_len
         layout = read_ds_config(ds_config)
         self.validation_micro_batch = layout.micro_batch  # the held-out set: eval_batches of the ds_config's size
         self.rows_per_step = layout.rows_per_rank_step * self.world  # the global batch, constant whatever the split
         self.configured_rows_per_rank = layout.rows_per_rank_step  # the ds_config's, before a resume keeps another
-        self.data = _load_data(settings, seq_len)  # setup: the "data" phase is the loop's wait for batches
-        tok = self.data.tokenizer
-        tokens = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        if self.source:
-            try:
-                self.source.check_tokenizer(tok, settings.data)
-            except ValueError as error:
-                raise ConfigError(str(error)) from None
-            self.config = self.source.model_config(settings.arch, settings.preset, len(tok), **tokens,
-                                                   **settings.model)
-        else:
-            self.config = model_config(settings.preset, settings.arch, len(tok), **tokens, **settings.model)
+        self.data = startup.load_data(settings, seq_len)  # setup: the "data" phase is the loop's wait for batches
+        self.config = startup.model_config_of(settings, self.source, self.data.tokenizer)
         # the held-out batches too, before the output directory: data without a held-out document is refused first
         self.validation_batches = self.data.validation_batches(self.validation_micro_batch, settings.eval_batches)
-        self.base_model = None  # where the weights came from: the source, its files' hash and stats (rank 0's)
-        if self.source:  # a resume of an unchanged folder takes the recorded hash: the weights are not read again
-            recorded = _recorded_base_model(settings.output_dir) if self.rank == 0 else None
-            self.base_model = distributed.broadcast_object(self.source.identity(recorded) if self.rank == 0 else None)
+        self.base_model = startup.base_model_record(self.source, settings.output_dir, self.rank)
         self.identity = checkpoint.run_identity(settings, self.world, layout.rows_per_rank_step, self.config,
                                                 self.base_model)
         self.output_dir, self.resume_tag = prepare_output_dir(settings, self.identity)
@@ -202,17 +109,10 @@ class Trainer:
             saved = checkpoint.check_resumable(self.output_dir, self.resume_tag, self.identity)
             self._keep_the_checkpoints_global_batch(ds_config, saved)
         # The run's length, once, from the global batch it keeps (a resume on another layout keeps the checkpoint's)
-        self.settings = settings = _resolve_steps(settings, self.config, self.tokens_per_step)
-        _warn_about_warmup(settings)
-        torch.manual_seed(settings.seed)
-        model = AdaptiveDSForCausalLM(self.config)
-        if self.source and not self.resume_tag:  # a resume loads the run's own checkpoint, never these weights
-            # DeepSpeed's expert-parallel groups are consecutive ranks: rank r holds the experts of group rank r % ep
-            try:
-                self.source.load_into(model, self.rank % self.config.moe_ep_size, settings.upcycle_noise,
-                                      settings.seed)
-            except ValueError as error:  # weights that do not match their config: bad input, one line
-                raise ConfigError(str(error)) from None
+        self.settings = settings = startup.resolve_steps(settings, self.config, self.tokens_per_step)
+        startup.warn_about_warmup(settings)
+        # a resume loads the run's own checkpoint, never the --init_from weights
+        model = startup.build_model(self.config, settings, None if self.resume_tag else self.source, self.rank)
         self.engine = build_engine(model, ds_config, settings.warmup_steps, settings.max_steps,
                                    settings.min_lr_ratio, settings.compile)
         if self.config.uses_moe and self.config.moe_ep_size > 1:
@@ -505,7 +405,8 @@ class Trainer:
                     stats.entropy_floor if stats else None, (last_step, summary["validation_loss"]))
         if self.pusher:
             self.pusher.wait()
-            self.pusher.push(os.path.join(self.output_dir, "final"), model_card(summary, _command()), "final model")
+            self.pusher.push(os.path.join(self.output_dir, "final"), model_card(summary, startup.command()),
+                             "final model")
             summary["hub_push"] = {"repo": self.pusher.repo_id, "pushed": self.pusher.pushed,
                                    "failures": self.pusher.failures}
             write_summary(self.output_dir, summary)
@@ -661,7 +562,7 @@ class Trainer:
                      "tokens_seen": step * self.tokens_per_step, "train_loss": loss}
             if self.source:
                 facts.update(base_model=self.base_model["source"], base_model_sha256=self.base_model["sha256"])
-            self.pusher.push_in_background(staging, model_card(facts, _command()), f"checkpoint at step {step}")
+            self.pusher.push_in_background(staging, model_card(facts, startup.command()), f"checkpoint at step {step}")
 
 
 def _first_batch(batches) -> dict:

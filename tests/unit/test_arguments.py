@@ -152,9 +152,9 @@ def test_broken_and_missing_json(tmp_path):
 @pytest.mark.gpu
 def test_the_gpu_memory_cap_makes_larger_allocations_fail():
 
-    from adaptive_ds.training.loop import _cap_gpu_memory
+    from adaptive_ds.training.startup import cap_gpu_memory
 
-    _cap_gpu_memory(1.0)
+    cap_gpu_memory(1.0)
     try:
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")

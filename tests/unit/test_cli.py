@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from adaptive_ds import cli
-from adaptive_ds.training import loop
+from adaptive_ds.training import startup
 
 # An argument only that command has: its help is the command's own parser, reached through the entry point.
 OWN_ARGUMENT = {"train": "--ep_size", "plan": "--gpus", "grid": "--variants", "export": "--to",
@@ -54,7 +54,7 @@ def test_a_command_gets_the_arguments_after_its_name_and_runs_as_adaptive_ds_com
     is given back afterwards."""
     seen = []
     module = importlib.import_module(cli.COMMANDS["train"].module)
-    monkeypatch.setattr(module, "main", lambda argv: seen.append((argv, list(sys.argv), loop._command())))
+    monkeypatch.setattr(module, "main", lambda argv: seen.append((argv, list(sys.argv), startup.command())))
     before = list(sys.argv)
     cli.main(["train", "--ds_config", "debug_cpu.json", "--max_steps", "3"])
     arguments = ["--ds_config", "debug_cpu.json", "--max_steps", "3"]
