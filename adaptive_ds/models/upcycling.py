@@ -17,8 +17,9 @@ dense MLP it replaces, so that the first forward pass is the dense model's:
 - shared experts (`moe_shared_experts`) start with a zero down projection, so they add nothing at first; PR-MoE's
   residual MLP (`moe_use_residual`, granularity 1) is a copy too, so the learned mixing gives the dense output.
 - `noise` > 0 multiplies each routed expert's weights element-wise by 1 + N(0, noise^2) (a draw of its own for each
-  expert, seeded by the run's seed and the expert's global index, so every rank draws the same): the copies then
-  differ from the first step, and the first forward pass is no longer exactly the dense one.
+  projection of each expert, seeded by the run's seed, the layer, the expert's global index and the projection, so
+  every rank draws the same): the copies then differ from the first step, and the first forward pass is no longer
+  exactly the dense one.
 
 The MoD retrofit (Raposo et al. 2024) adds routers to a dense model's blocks: the routers keep the model's seeded
 initialisation and the block update is scaled by the straight-through scale (`mod_straight_through`), so a routed
@@ -43,6 +44,7 @@ Reader = Callable[..., torch.Tensor]
 
 SOURCE_KINDS = ("same", "dense", "mixtral")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(?:block\.)?(.*)")
+_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _EXPERT = re.compile(r"mlp\.moe\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(\w+_proj)\.weight")
 _KEEP = ("router.", "predictor.", "mlp.moe.coefficient.", "mlp.routing_bias_steps")  # the model's own initial values
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
@@ -75,7 +77,9 @@ def initial_tensors(model: torch.nn.Module, kind: str, read: Reader, names: set[
         else:
             tensor = _from_dense(config, layer, inner, expert, global_expert, own, read)
         if expert is not None and noise > 0 and kind == "dense":
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + int(layer) * 10_007 + global_expert)
+            projection = _PROJECTIONS.index(expert.group(2))  # gate and up are equally shaped: draws of their own
+            generator = torch.Generator().manual_seed(
+                seed * 1_000_003 + int(layer) * 10_007 + global_expert * len(_PROJECTIONS) + projection)
             tensor = tensor * (1 + noise * torch.randn(tensor.shape, generator=generator))
         yield name, tensor
 

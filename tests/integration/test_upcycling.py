@@ -229,6 +229,10 @@ def test_upcycling_noise_makes_the_copies_differ_alike_on_every_expert_parallel_
     dense = load_file(llama / "model.safetensors")["model.layers.0.mlp.up_proj.weight"]
     assert not torch.equal(experts[0].up_proj.weight, experts[1].up_proj.weight)
     assert (experts[0].up_proj.weight / dense - 1).std().item() == pytest.approx(0.01, rel=0.1)
+    # gate and up are equally shaped: each draws its own noise (one pattern on both would correlate them)
+    dense_gate = load_file(llama / "model.safetensors")["model.layers.0.mlp.gate_proj.weight"]
+    gate_noise, up_noise = experts[0].gate_proj.weight / dense_gate - 1, experts[0].up_proj.weight / dense - 1
+    assert abs(torch.corrcoef(torch.stack([gate_noise.flatten(), up_noise.flatten()]))[0, 1].item()) < 0.1
     half = copy.deepcopy(config)
     half.moe_ep_size = 2
     second = AdaptiveDSForCausalLM(half)  # expert-parallel rank 1 of 2 holds experts 4..7
