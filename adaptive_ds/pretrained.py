@@ -74,9 +74,10 @@ NO_PRESET_SEQ_LEN = max(p.seq_len for p in PRESETS.values())
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
-def resolve(name: str) -> str:
+def resolve(name: str, weights: bool = True) -> str:
     """The local folder of `name`: itself, or a Hub id's snapshot in the HF cache (fetched into it where it is not
-    there yet and the Hub can be reached). ValueError in one line when it is neither."""
+    there yet and the Hub can be reached). ValueError in one line when it is neither. `weights` False: a Hub id's
+    config, tokenizer and index only (what the planner reads), not gigabytes of weights."""
     if os.path.isdir(name):
         return name
     if os.path.exists(name) or name.startswith((os.path.sep, ".", "~")) or not _HUB_ID.fullmatch(name):
@@ -87,7 +88,7 @@ def resolve(name: str) -> str:
 
     try:  # the config, tokenizer and index first, then only the weights they name (a repository may hold others)
         folder = snapshot_download(name, allow_patterns=list(SOURCE_FILES))
-        return snapshot_download(name, allow_patterns=_weight_names(folder))
+        return snapshot_download(name, allow_patterns=_weight_names(folder)) if weights else folder
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise ValueError(f"init_from {name!r} is no local folder, and no Hub model in the HF cache or reachable "
                          f"({type(error).__name__}); pass a folder or a Hub model id") from None
@@ -139,10 +140,10 @@ class Source:
     kind: str  # a key of KINDS
 
     @classmethod
-    def open(cls, name: str) -> Source:
+    def open(cls, name: str, weights: bool = True) -> Source:
         """The source `name`, its config read; ValueError in one line for a missing folder, a folder without a
-        config, or an architecture other than Llama, Mixtral or adaptive_ds's."""
-        folder = resolve(name)
+        config, or an architecture other than Llama, Mixtral or adaptive_ds's. `weights` False: see `resolve`."""
+        folder = resolve(name, weights)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             raise ValueError(f"init_from {name!r} holds no config.json; pass a Hugging Face model folder")
         with open(os.path.join(folder, "config.json")) as f:

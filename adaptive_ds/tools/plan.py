@@ -544,7 +544,7 @@ def _init_from(name: str, arch: str, preset: str | None) -> tuple[str, int, dict
     from .. import pretrained
 
     try:
-        source = pretrained.Source.open(name)
+        source = pretrained.Source.open(name, weights=False)  # the config is all a plan reads
         problems = source.arch_problems(arch, {})
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None

@@ -132,6 +132,32 @@ def test_the_planner_plans_the_model_an_init_from_run_trains(tmp_path, capsys, k
         main(["--init_from", str(folder), "--arch", arch, "--gpu", "t4", "--preset", "b1"])
 
 
+def test_the_planner_reads_a_hub_models_config_without_fetching_its_weights(tmp_path, capsys, monkeypatch):
+    """A plan of TinyLlama needs its config.json, not its 2.2 GB of weights: the planner asks the HF cache (or the
+    Hub) for the config, tokenizer and index files only, where a training run then fetches the weights too."""
+    import json
+
+    import huggingface_hub
+    from helpers.pretrained_folders import DEBUG
+
+    from adaptive_ds.pretrained import SOURCE_FILES
+    from adaptive_ds.tools.plan import main
+
+    folder = llama_folder(tmp_path / "snapshot", shape=DEBUG)
+    asked = []
+
+    def snapshot(repo_id, allow_patterns):
+        asked.append(allow_patterns)
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    main(["--init_from", "TinyLlama/TinyLlama_v1.1", "--arch", "moe", "--gpu", "t4", "--json"])
+    assert json.loads(capsys.readouterr().out)["preset"] == "debug"
+    assert asked == [list(SOURCE_FILES)] and not any(fnmatch.fnmatch("model.safetensors", p) for p in asked[0])
+    Source.open("TinyLlama/TinyLlama_v1.1")  # a run's source: the weights the index names, after the config
+    assert asked[1:] == [list(SOURCE_FILES), ["model.safetensors"]]
+
+
 def test_the_preset_is_the_folders_shape_when_none_is_named(tmp_path, llama):
     import json
 
