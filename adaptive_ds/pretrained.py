@@ -309,8 +309,8 @@ class Source:
         files = file_stats(self.folder)
         if own and recorded.get("files") == files:
             return recorded
-        if own and recorded.get("sha256") == self.content_hash:
-            return recorded
+        if recorded is not None and recorded.get("sha256") == self.content_hash:
+            return recorded  # the same weights by content, also under another path (moved, copied, relative)
         return {"source": self.name, "sha256": self.content_hash, "files": files}
 
     def load_into(self, model, ep_rank: int = 0, noise: float = 0.0, seed: int = 0) -> None:

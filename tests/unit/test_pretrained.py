@@ -266,6 +266,10 @@ def test_a_resume_of_an_unchanged_folder_takes_the_recorded_hash_without_reading
         assert Source.open(str(folder)).identity(recorded) == recorded
     os.utime(folder / "config.json")  # touched, the same content: hashed again, and still the run's source
     assert Source.open(str(folder)).identity(recorded)["sha256"] == recorded["sha256"]
+    # the same folder by another path (relative, or moved): its content is the run's source, and the resume goes on
+    moved = tmp_path / "moved"
+    shutil.copytree(folder, moved)
+    assert Source.open(os.path.relpath(moved)).identity(recorded) == recorded
     weights = load_file(folder / "model.safetensors")
     weights["model.norm.weight"] = weights["model.norm.weight"] + 1
     size = os.path.getsize(folder / "model.safetensors")
