@@ -301,16 +301,14 @@ class Source:
 
     def identity(self, recorded: dict | None) -> dict:
         """The run identity's record of the source: {"source", "sha256", "files": `file_stats`}. `recorded`: the
-        record of the run being continued (its run_identity.json), or None. Where the folder shows the recorded
-        files (names, sizes and mtimes), the recorded hash is taken without reading the weights again; otherwise
-        the files are hashed, and the same hash keeps the record (files touched, or copied with their content), while
-        another one makes a record that the resume's identity check refuses."""
-        own = recorded is not None and recorded.get("source") == self.name
+        record of the run being continued (its run_identity.json), or None. Where the folder, by the same name,
+        shows the recorded files (names, sizes and mtimes), the recorded hash is taken without reading the weights
+        again; otherwise the files are hashed. The resume's identity check compares the hash only: the same weights
+        under another path (moved, copied, named relatively) or touched continue the run, and the new record keeps
+        the next resume from reading them again; other weights are refused."""
         files = file_stats(self.folder)
-        if own and recorded.get("files") == files:
+        if recorded is not None and recorded.get("source") == self.name and recorded.get("files") == files:
             return recorded
-        if recorded is not None and recorded.get("sha256") == self.content_hash:
-            return recorded  # the same weights by content, also under another path (moved, copied, relative)
         return {"source": self.name, "sha256": self.content_hash, "files": files}
 
     def load_into(self, model, ep_rank: int = 0, noise: float = 0.0, seed: int = 0) -> None:

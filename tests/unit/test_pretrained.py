@@ -17,6 +17,7 @@ from transformers import LlamaForCausalLM
 from adaptive_ds.export.hub import model_card
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.pretrained import Source, problems
+from adaptive_ds.training.checkpoint import CheckpointError, check_compatible
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "final"
 
@@ -266,10 +267,16 @@ def test_a_resume_of_an_unchanged_folder_takes_the_recorded_hash_without_reading
         assert Source.open(str(folder)).identity(recorded) == recorded
     os.utime(folder / "config.json")  # touched, the same content: hashed again, and still the run's source
     assert Source.open(str(folder)).identity(recorded)["sha256"] == recorded["sha256"]
-    # the same folder by another path (relative, or moved): its content is the run's source, and the resume goes on
+    # the same weights by another path (relative, or moved): the resume's identity check takes them by their hash,
+    # and the new record names the new path, so that the next resume reads nothing again
     moved = tmp_path / "moved"
     shutil.copytree(folder, moved)
-    assert Source.open(os.path.relpath(moved)).identity(recorded) == recorded
+    now = Source.open(os.path.relpath(moved)).identity(recorded)
+    assert now["sha256"] == recorded["sha256"] and now["source"] == os.path.relpath(moved)
+    check_compatible({"base_model": recorded}, {"base_model": now}, "")
+    with monkeypatch.context() as patched:
+        patched.setattr(pretrained_module, "content_hash", refuse)
+        assert Source.open(os.path.relpath(moved)).identity(now) == now
     weights = load_file(folder / "model.safetensors")
     weights["model.norm.weight"] = weights["model.norm.weight"] + 1
     size = os.path.getsize(folder / "model.safetensors")
@@ -277,7 +284,10 @@ def test_a_resume_of_an_unchanged_folder_takes_the_recorded_hash_without_reading
     stat = os.stat(folder / "model.safetensors")
     os.utime(folder / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert os.path.getsize(folder / "model.safetensors") == size  # only the content and mtime changed
-    assert Source.open(str(folder)).identity(recorded)["sha256"] != recorded["sha256"]
+    changed = Source.open(str(folder)).identity(recorded)
+    assert changed["sha256"] != recorded["sha256"]
+    with pytest.raises(CheckpointError, match="base_model.sha256"):
+        check_compatible({"base_model": recorded}, {"base_model": changed}, "")
 
 
 def test_a_folder_of_no_presets_shape_trains_at_its_own_context_up_to_2048(tmp_path):

@@ -16,6 +16,8 @@ logger = logging.getLogger(__name__)
 
 # What may differ between a checkpoint and the run that resumes it (its files are then converted: manager.restore)
 LAYOUT_KEYS = ("world_size", "model.moe_ep_size")
+# Where the --init_from weights were found, and their files' sizes and mtimes: the weights are their hash's
+SOURCE_LOCATION_KEYS = ("base_model.source", "base_model.files")
 
 
 def run_identity(settings, world_size: int, rows_per_rank_step: int, config, base_model: dict | None = None) -> dict:
@@ -40,12 +42,13 @@ def _warn_once(message: str) -> None:
 
 def check_compatible(saved: dict, current: dict, where: str, allowed: tuple[str, ...] = ()) -> None:
     """The checkpoint must come from the same model and batch layout as this run, except for the `allowed`
-    keys (`key` or `key.subkey`).
+    keys (`key` or `key.subkey`); the --init_from weights by their hash, wherever they are now.
 
     Prepared data's tokenizer is recorded by its hash (`tokenizer_identity`, "sha256:..."); an identity written
     before that holds the --tokenizer string instead, which prepared data ignores. Such an identity (on the same
     `data`, checked as any other key) is taken with one warning: which tokenizer it trained on cannot be checked."""
     differences, unchecked = [], None
+    allowed = (*allowed, *SOURCE_LOCATION_KEYS)
     for key, value in current.items():
         old = saved.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
