@@ -421,7 +421,8 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
     for r in finished:  # a continuation grid's figures show the continuations: a from-scratch curve starts elsewhere
         if r["variant"] not in scratch:
             curves.setdefault(r["variant"], []).append(r["curve"])
-    plot(curves, report["entropy_floor"], prefix)
+    if curves:  # none when every continuation failed: the report and its tables still stand
+        plot(curves, report["entropy_floor"], prefix)
     return report
 
 
@@ -431,14 +432,14 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
     `failed` each failure of `execute` with the variant and seed."""
     # Equal-budget figures are read at what every run on the grid's own budget reached: a variant with a smaller
     # budget of its own (an iso-FLOP baseline) is compared by its validation loss, not by moving that point.
-    # A from-scratch arm of a continuation grid neither sets the budgets nor is read at them: its curve starts from
-    # random weights, the continuations' from the base model, so only its validation loss compares.
+    # A from-scratch arm of a continuation grid is not read at them either: its curve starts from random weights, the
+    # continuations' from the base model. Neither kind has train losses at the budgets: its validation loss compares.
     scratch = {v.name for v in spec.variants if spec.init_from is not None and v.scratch}
     own_budget = {v.name for v in spec.variants if v.tokens is not None} | scratch
     at = budgets([r for r in finished if r["variant"] not in own_budget] or finished)
     rows = [{**{k: r[k] for k in RUN_KEYS}, **run_row(r, at, peak_tflops, price)} for r in finished]
     for row in rows:
-        if row["variant"] in scratch:
+        if row["variant"] in own_budget and len(own_budget) < len(spec.variants):
             row.update({f"train_loss_at_equal_{name}": None for name, _, _ in BUDGETS})
     trained = {k: sorted({r["trained"][k] for r in rows}) for k in ("commit", "machine", "date")}
     floors = [r["entropy_floor"] for r in rows]
@@ -455,9 +456,17 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
         "failed": failed,
         "results": {name: aggregate([r for r in rows if r["variant"] == name]) for name in names},
         "comparisons": compare(rows, spec.baseline),
-        "pairs": [{"variant": v, "baseline": b, **compare([r for r in rows if r["variant"] in (v, b)], b).get(v, {})}
-                  for v, b in spec.pairs],
+        "pairs": [_pair(rows, v, b) for v, b in spec.pairs],
     }
+
+
+def _pair(rows: list[dict], variant: str, baseline: str) -> dict:
+    """`variant` against `baseline` (--pair), as `compare` has it; "missing" names a side without a finished run."""
+    missing = [name for name in (variant, baseline) if not any(r["variant"] == name for r in rows)]
+    if missing:
+        return {"variant": variant, "baseline": baseline, "missing": missing}
+    both = [r for r in rows if r["variant"] in (variant, baseline)]
+    return {"variant": variant, "baseline": baseline, **compare(both, baseline)[variant]}
 
 
 def section_key(report: dict) -> str:
@@ -540,8 +549,11 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
                       tuple(map(tuple, args.pair)), args.log_steps)
              for preset in args.preset]
     names = [v.name for v in variants]
-    for pair in args.pair:
+    for i, pair in enumerate(args.pair):
         unknown = [name for name in pair if name not in names]
+        if pair[0] == pair[1] or pair in args.pair[:i]:
+            raise SystemExit(f"error: --pair {' '.join(map(shlex.quote, pair))} "
+                             f"{'compares a variant with itself' if pair[0] == pair[1] else 'is given twice'}")
         if unknown:
             raise SystemExit(f"error: --pair {' '.join(map(shlex.quote, pair))}: {', '.join(map(repr, unknown))} "
                              f"not among --variants ({', '.join(names)})")

@@ -186,8 +186,9 @@ def _header(report: dict) -> list[str]:
            else "No price is known for this device, so no costs: pass `--price`. ")
         + "Each figure is the mean ± the standard deviation over the seeds (n: the runs that finished where "
         "fewer); '-' marks a figure that does not apply. Train losses are read off each run's curve at the "
-        f"smallest total any run reached: {at['flops']:.3g} training FLOPs, {at['tokens']:,.0f} tokens, "
-        f"{at['seconds']:.1f} training seconds."
+        f"smallest total any run on the grid's budget reached: {at['flops']:.3g} training FLOPs, "
+        f"{at['tokens']:,.0f} tokens, {at['seconds']:.1f} training seconds (a variant with a token budget of its own "
+        "is compared by its validation loss)."
         + (f" A continuation grid: each run starts from `{report['init_from']}` of its seed, and its FLOPs, tokens "
            "and seconds count the continuation only (the routing table gives the total with the base run's); a "
            "variant with `\"init_from\": null` trains from random weights instead, its train losses not read at the "
@@ -241,8 +242,9 @@ def _pairs_table(report: dict) -> list[str]:
              "| variant | baseline | validation loss | top-k routing loss | train loss at equal FLOPs "
              "| at equal tokens | at equal seconds | seeds |", "|---" * 8 + "|"]
     for p in pairs:
-        if "validation_loss" not in p:  # a side without a finished run
-            lines.append(f"| {p['variant']} | {p['baseline']} | " + " | ".join(["-"] * 6) + " |")
+        if p.get("missing"):
+            lines.append(f"| {p['variant']} | {p['baseline']} | " + " | ".join(["-"] * 5)
+                         + f" | no finished run of {', '.join(f'`{m}`' for m in p['missing'])} |")
             continue
         pairing = f"{p['validation_loss']['n']} paired" if p["validation_loss"]["paired"] else "unpaired"
         lines.append(f"| {p['variant']} | {p['baseline']} | " + " | ".join(_difference_cell(p[m]) for m in COMPARED)

@@ -101,9 +101,10 @@ CONTINUE = Verdict(Action.CONTINUE)
 
 
 def _severity(verdict: Verdict) -> int:
+    # RETRY_STEP is an out-of-memory step's alone, which the loop retries before anything else judges the step
     if verdict.action is Action.STOP:
         return 3 if verdict.failed else 1
-    return {Action.ROLL_BACK: 2, Action.RETRY_STEP: 2}.get(verdict.action, 0)
+    return 2 if verdict.action is Action.ROLL_BACK else 0
 
 
 def strongest(*verdicts: Verdict) -> Verdict:

@@ -425,20 +425,21 @@ def test_a_published_grids_command_names_its_recorded_run_directories(report, mo
 
 def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pair():
     """A continuation grid's from-scratch arm ("init_from": null) trains from random weights: no --init_from, the
-    same run (and directory) as that variant in a grid without --init_from; it neither sets the budgets the
-    continuations' train losses are read at nor is read at them; and --pair compares it with a continuation, paired
-    by seed, against hand-worked numbers."""
+    same training command as that variant's in a grid without --init_from; it neither sets the budgets the
+    continuations' train losses are read at nor is read at them (nor is a variant with a budget of its own); and
+    --pair compares it with a continuation, paired by seed, against hand-worked numbers."""
     template = "runs/base/debug-embedded-hard-dense-seed1{seed}-*/final"
-    scratch = parse_variant('moe+{"init_from": null, "tokens": 4000}')
-    assert scratch.scratch and scratch.arch == "moe" and scratch.model == {} and scratch.tokens == 4000
+    scratch = parse_variant('moe+{"init_from": null}')
+    assert scratch.scratch and scratch.arch == "moe" and scratch.model == {} and scratch.tokens is None
     with pytest.raises(ValueError, match="'init_from' may only be null"):
         parse_variant('moe+{"init_from": "other/final"}')
-    continued = parse_variant("moe")
-    spec = GridSpec("debug", (parse_variant("dense"), continued, scratch), (1, 2), 2000, "ds_configs/debug_cpu.json",
-                    data="embedded:hard", init_from=template, pairs=(("moe", scratch.name),))
+    continued, cheaper = parse_variant("moe"), parse_variant('moe+{"tokens": 1000}')
+    spec = GridSpec("debug", (parse_variant("dense"), continued, cheaper, scratch), (1, 2), 2000,
+                    "ds_configs/debug_cpu.json", data="embedded:hard", init_from=template,
+                    pairs=(("moe", scratch.name), (cheaper.name, "hybrid")))
     assert "--init_from" not in spec.training_args(scratch, 1)
     plain = GridSpec("debug", (scratch,), (1, 2), 2000, "ds_configs/debug_cpu.json", data="embedded:hard")
-    assert spec.run_dir("runs", scratch, 1) == plain.run_dir("runs", scratch, 1)
+    assert spec.training_args(scratch, 1) == plain.training_args(scratch, 1)
     assert f"--pair moe {shlex.quote(scratch.name)}" in spec.command()
     # a short continuation's curve needs more points than the ds_config's cadence: --log_steps reaches every run
     logged = GridSpec("debug", (continued,), (1,), 2000, "ds_configs/debug_cpu.json", log_steps=2)
@@ -446,32 +447,40 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
     assert args.log_steps == 2 and "--log_steps 2" in logged.command()
     assert parse(logged.training_args(continued, 1), world_size=1)[0].log_steps == 2
     # continuations: dense 2.0 / 2.1, moe 1.9 / 2.05 (validation); moe from scratch 2.3 / 2.35, its curve from 9.0
+    # and ending before the continuations' (were it read, the budgets would be its own: 1.8e12 FLOPs, 1,800 tokens)
     finished = [_record("dense", s, [(1e12, 2.5, 1000, 2.0), (2e12, 2.2, 2000, 4.0)], v)
                 for s, v in ((1, 2.0), (2, 2.1))]
     finished += [_record("moe", s, [(1.5e12, 2.4, 1000, 2.0), (3e12, 2.1, 2000, 4.0)], v)
                  for s, v in ((1, 1.9), (2, 2.05))]
-    finished += [_record(scratch.name, s, [(0.5e12, 9.0, 500, 1.0), (6e12, 2.6, 4000, 8.0)], v)
+    finished += [_record(cheaper.name, s, [(0.5e12, 2.6, 500, 1.0), (1.5e12, 2.3, 1000, 2.0)], 2.2) for s in (1, 2)]
+    finished += [_record(scratch.name, s, [(0.5e12, 9.0, 500, 1.0), (1.8e12, 2.6, 1800, 3.0)], v)
                  for s, v in ((1, 2.3), (2, 2.35))]
     report = assemble(spec, finished, [], gpu=None, peak_tflops=None, price=None)
     assert report["budgets"] == {"flops": 2e12, "tokens": 2000, "seconds": 4.0}  # the continuations' alone
-    rows = [r for r in report["runs"] if r["variant"] == scratch.name]
-    assert all(r[f"train_loss_at_equal_{b}"] is None for r in rows for b in ("flops", "tokens", "seconds"))
-    (pair,) = report["pairs"]
+    for row in [r for r in report["runs"] if r["variant"] in (scratch.name, cheaper.name)]:
+        assert [row[f"train_loss_at_equal_{b}"] for b in ("flops", "tokens", "seconds")] == [None] * 3
+    pair, missing = report["pairs"]
     # moe - scratch: -0.40, -0.30 -> -0.35 +- 0.070711: beyond two sd, better
     assert pair["variant"] == "moe" and pair["baseline"] == scratch.name
     assert pair["validation_loss"]["difference"] == pytest.approx(-0.35)
     assert pair["validation_loss"]["sd"] == pytest.approx(0.0707107) and pair["validation_loss"]["verdict"] == "better"
     assert pair["train_loss_at_equal_flops"] is None  # the scratch arm has no figure at the continuations' budget
+    assert missing == {"variant": cheaper.name, "baseline": "hybrid", "missing": ["hybrid"]}
     text = markdown(report)
     assert "A continuation grid: each run starts from `runs/base/" in text
     pairs = _table(text, "variant | baseline")
     assert pairs["moe"] == [scratch.name, "-0.3500 ± 0.0707 better", "-0.3500 ± 0.0707 better", "-", "-", "-",
                             "2 paired"]
+    assert pairs[cheaper.name][-1] == "no finished run of `hybrid`"
 
 
 def test_the_command_refuses_a_pair_outside_the_variants_and_a_scratch_arm_without_init_from(tiny_ds_config):
     config = tiny_ds_config()
     with pytest.raises(SystemExit, match=r"--pair moe mod: 'mod' not among --variants \(dense, moe\)"):
         main(["--ds_config", config, "--variants", "dense", "moe", "--pair", "moe", "mod"])
+    with pytest.raises(SystemExit, match=r"--pair moe moe compares a variant with itself"):
+        main(["--ds_config", config, "--variants", "dense", "moe", "--pair", "moe", "moe"])
+    with pytest.raises(SystemExit, match=r"--pair moe dense is given twice"):
+        main(["--ds_config", config, "--variants", "dense", "moe", "--pair", "moe", "dense", "--pair", "moe", "dense"])
     with pytest.raises(SystemExit, match=r"\"init_from\": null needs --init_from"):
         main(["--ds_config", config, "--variants", "dense", 'moe+{"init_from": null}'])
