@@ -472,6 +472,8 @@ class Trainer:
                         self._save(step)
                 if stopping:
                     self._stop(step, stop)
+            if not self.stopped_early and stop.settle():  # a signal during the last step
+                self._stop(step, stop)
         return step, train_loss
 
     def _stop(self, step: int, stop: StopRequest) -> None:

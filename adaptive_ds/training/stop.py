@@ -4,8 +4,9 @@ the run instead of losing it, as Megatron's exit-signal handler and Lightning's 
 While the training loop runs, the signal only marks the request. At each step boundary every rank offers its mark
 to the others through a non-blocking all-reduce (started at one boundary, read at the next: no rank waits on it,
 and no host synchronisation of the device), so the ranks agree to stop at the same boundary, at most two steps
-after the signal reached any of them. The run then saves a checkpoint there, if the grace period since the signal
-has not passed and the weights are healthy, and ends with a line that says the same command resumes it.
+after the signal reached any of them (a signal during the last step: once more after it, `settle`). The run then
+saves a checkpoint there, if the grace period since the signal has not passed and the weights are healthy, and ends
+with a line that says the same command resumes it.
 
 Within the grace period a further signal only marks again: one request often arrives twice (Ctrl-C reaches the
 workers from the terminal, and deepspeed's launcher then sends them SIGTERM too; a preemption notice may be repeated).
@@ -97,6 +98,22 @@ class StopRequest:
         elif self.signum is None:  # another rank's signal: this one stops for it
             self.signum = int(self._offered[0])
         return stop
+
+    def settle(self) -> bool:
+        """After the last step (collective, once per run): whether any rank was signalled since the last agreement
+        was offered. A signal during the last step would otherwise go unheard on two or more ranks, whose agreement
+        is read one boundary after it is offered, and there is no next boundary."""
+        if self._group is None and distributed.world_size() == 1:
+            return self.signum is not None
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        offered = torch.tensor([max(0 if self.signum is None else self.signum,
+                                    0 if self._offered is None else int(self._offered[0]))])
+        dist.all_reduce(offered, op=dist.ReduceOp.MAX, group=self._group)
+        if offered[0] > 0 and self.signum is None:  # another rank's signal: this one stops for it
+            self.signum = int(offered[0])
+        return bool(offered[0] > 0)
 
     def within_grace(self) -> bool:
         """Whether the grace period since the first signal any rank received has not passed (collective: every rank

@@ -70,6 +70,24 @@ def test_the_training_command_saves_on_sigterm_and_resumes_where_it_stopped(tmp_
     assert _losses(out) == _losses(reference)
 
 
+@pytest.mark.slow
+def test_a_signal_during_the_last_step_is_heard_on_two_processes(tmp_path, run_command, tiny_ds_config):
+    """On two processes the agreement offered at a boundary is read at the next one, and the last step has none:
+    the ranks settle once after it, so a signal during the last step saves there and stops as any other does (before,
+    the run went on to its final validation unsaved); the same command then finishes the run without a step."""
+    config = tiny_ds_config(2, 2, max_steps=4, log_steps=1, warmup_steps=1)
+    launcher, out = ["torchrun", "--nproc_per_node", "2"], tmp_path / "run"
+    done = run_command([*launcher, FAULTS_SCRIPT, json.dumps({"signal_before_step": 4}), "--ds_config", config,
+                        "--output_dir", str(out)])
+    line = "stopped by SIGTERM at step 4, saved; rerun the same command to resume from step 4"
+    assert line in done.stderr.splitlines() and done.returncode != 0, done.stderr[-3000:]
+    assert latest_tag(str(out)) == "step00000004" and not (out / "summary.json").exists()
+    done = run_command([*launcher, "launchers/train.py", "--ds_config", config, "--output_dir", str(out)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 4 and summary["steps"] == 4
+
+
 def test_a_loader_worker_ignores_the_signals_its_process_decides_on(tmp_path):
     """A scheduler signals the whole process group: the data loader's workers must not die of it before the
     training process has saved."""
