@@ -356,8 +356,10 @@ def run_row(run: dict, at: dict[str, float], peak_tflops: float | None, price: f
     }
     for name, axis, _ in BUDGETS:
         xs, ys = zip(*[(c[axis], c[1]) for c in curve], strict=True)
-        # a budget before the run's first logged step is not on its curve: no figure, rather than its first loss
-        row[f"train_loss_at_equal_{name}"] = float(np.interp(at[name], xs, ys)) if at[name] >= xs[0] else None
+        # a budget before the run's first logged step or after its last (a variant with a smaller budget of its
+        # own) is not on its curve: no figure, rather than its first or its final loss
+        on_curve = xs[0] <= at[name] <= xs[-1]
+        row[f"train_loss_at_equal_{name}"] = float(np.interp(at[name], xs, ys)) if on_curve else None
     base = run.get("base_flops")
     row.update({
         "training_flops": curve[-1][0], "tokens": s["tokens_seen"], "tokens_per_s": tokens_per_s,
@@ -432,14 +434,15 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
     `failed` each failure of `execute` with the variant and seed."""
     # Equal-budget figures are read at what every run on the grid's own budget reached: a variant with a smaller
     # budget of its own (an iso-FLOP baseline) is compared by its validation loss, not by moving that point.
-    # A from-scratch arm of a continuation grid is not read at them either: its curve starts from random weights, the
-    # continuations' from the base model. Neither kind has train losses at the budgets: its validation loss compares.
+    # A from-scratch arm of a continuation grid is never read at them: its curve starts from random weights, the
+    # continuations' from the base model; its validation loss compares.
     scratch = {v.name for v in spec.variants if spec.init_from is not None and v.scratch}
     own_budget = {v.name for v in spec.variants if v.tokens is not None} | scratch
-    at = budgets([r for r in finished if r["variant"] not in own_budget] or finished)
+    at = budgets([r for r in finished if r["variant"] not in own_budget]
+                 or [r for r in finished if r["variant"] not in scratch] or finished)
     rows = [{**{k: r[k] for k in RUN_KEYS}, **run_row(r, at, peak_tflops, price)} for r in finished]
     for row in rows:
-        if row["variant"] in own_budget and len(own_budget) < len(spec.variants):
+        if row["variant"] in scratch:
             row.update({f"train_loss_at_equal_{name}": None for name, _, _ in BUDGETS})
     trained = {k: sorted({r["trained"][k] for r in rows}) for k in ("commit", "machine", "date")}
     floors = [r["entropy_floor"] for r in rows]

@@ -466,6 +466,13 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
     assert pair["validation_loss"]["sd"] == pytest.approx(0.0707107) and pair["validation_loss"]["verdict"] == "better"
     assert pair["train_loss_at_equal_flops"] is None  # the scratch arm has no figure at the continuations' budget
     assert missing == {"variant": cheaper.name, "baseline": "hybrid", "missing": ["hybrid"]}
+    # every variant with a budget of its own: the budgets are theirs, and the from-scratch arm is still read at none
+    theirs = [r for r in finished if r["variant"] in (cheaper.name, scratch.name)]
+    alone = assemble(GridSpec("debug", (cheaper, scratch), (1, 2), 2000, "ds_configs/debug_cpu.json",
+                              init_from=template), theirs, [], gpu=None, peak_tflops=None, price=None)
+    assert alone["budgets"] == {"flops": 1.5e12, "tokens": 1000, "seconds": 2.0}
+    assert all(r["train_loss_at_equal_flops"] == (2.3 if r["variant"] == cheaper.name else None)
+               for r in alone["runs"])
     text = markdown(report)
     assert "A continuation grid: each run starts from `runs/base/" in text
     pairs = _table(text, "variant | baseline")

@@ -276,6 +276,7 @@ class Checkpointer:
                                           "--output_dir") from None
                 continue
             self.resume_tag = tag
+            self.last_saved = saved["step"]  # on disk already: a stop at this step writes nothing over it
             self.parts["run"].load_state_dict(saved)
             self.parts["data"].load_state_dict(storage.read_data_state(self.output_dir, tag, distributed.rank()))
             return saved
