@@ -108,3 +108,25 @@ def test_a_loader_worker_ignores_the_signals_its_process_decides_on(tmp_path):
 
     _fake_run(tmp_path, Check(log, {}), max_steps=3, data_workers=1)
     assert workers_ignore and all(workers_ignore)
+
+
+def test_a_stop_request_on_a_resumed_finished_run_writes_nothing_over_its_checkpoint(tmp_path, monkeypatch):
+    """A run resumed at its last step trains nothing; a signal before it ends stops it at the checkpoint it resumed
+    from, which is on disk already: nothing is written over it (a save there would rewrite the latest checkpoint in
+    place, the one case a failed save cannot undo)."""
+    from adaptive_ds.training import stop as stop_module
+
+    _fake_run(tmp_path, FakeFaults(EngineLog()), save_steps=10)
+    step = tmp_path / "run" / "checkpoints" / "step00000010"
+    before = {p.name: p.stat().st_mtime_ns for p in step.rglob("*")}
+    (tmp_path / "run" / "summary.json").unlink()  # so that the same command resumes it
+    real = stop_module.StopRequest.settle
+
+    def signalled(self):
+        self._mark(signal.SIGTERM, None)
+        return real(self)
+
+    monkeypatch.setattr(stop_module.StopRequest, "settle", signalled)
+    with pytest.raises(stop_module.StopRequested, match="stopped by SIGTERM at step 10, saved"):
+        _fake_run(tmp_path, FakeFaults(EngineLog()), save_steps=10)
+    assert {p.name: p.stat().st_mtime_ns for p in step.rglob("*")} == before
