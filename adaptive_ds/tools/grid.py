@@ -87,13 +87,15 @@ class Variant:
     tokens: int | None = None  # this variant's own token budget (e.g. dense at a cheaper variant's FLOPs)
     # from random weights in a continuation grid ("init_from": null): the from-scratch arm beside the continuations
     scratch: bool = False
+    warmup_steps: int | None = None  # this variant's own learning-rate warm-up (over the grid's --warmup_steps)
 
 
 def parse_variant(text: str) -> Variant:
     """`NAME` of presets.VARIANTS, or `NAME+{JSON}`: the named variant with more model overrides (and "controller"
     settings, and "tokens": its own token budget, e.g. `dense+{"tokens": 278000}` trains dense on the training
-    FLOPs a cheaper variant spends on the grid's budget: an iso-FLOP baseline with a complete schedule; and
-    `"init_from": null`: in a continuation grid, this variant trains from random weights, the from-scratch arm)."""
+    FLOPs a cheaper variant spends on the grid's budget: an iso-FLOP baseline with a complete schedule;
+    `"init_from": null`: in a continuation grid, this variant trains from random weights, the from-scratch arm; and
+    "warmup_steps": its own learning-rate warm-up, over the grid's --warmup_steps)."""
     base, plus, extra = text.partition("+")
     if base not in VARIANTS:
         raise ValueError(f"unknown variant {text!r}; valid: {', '.join(VARIANTS)}, or one of them followed by "
@@ -116,8 +118,11 @@ def parse_variant(text: str) -> Variant:
         if overrides.pop("init_from", None) is not None:
             raise ValueError(f"variant {text!r}: 'init_from' may only be null (this variant from random weights in a "
                              "continuation grid); the grid's --init_from names the weights")
+        warmup = overrides.pop("warmup_steps", None)
+        if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0):
+            raise ValueError(f"variant {text!r}: 'warmup_steps' must be a whole number of steps, got {warmup!r}")
         model.update(overrides)
-        return Variant(text, entry.arch, model, controller, tokens, scratch)
+        return Variant(text, entry.arch, model, controller, tokens, scratch, warmup)
     return Variant(text, entry.arch, model, controller)
 
 
@@ -181,8 +186,9 @@ class GridSpec:
             args += ["--model", json.dumps(variant.model, sort_keys=True)]
         if variant.controller:
             args += ["--controller", json.dumps(variant.controller, sort_keys=True)]
-        if self.warmup_steps is not None:
-            args += ["--warmup_steps", str(self.warmup_steps)]
+        warmup = variant.warmup_steps if variant.warmup_steps is not None else self.warmup_steps
+        if warmup is not None:
+            args += ["--warmup_steps", str(warmup)]
         if self.log_steps is not None:
             args += ["--log_steps", str(self.log_steps)]
         if self.eval_batches is not None:

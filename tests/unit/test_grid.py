@@ -300,6 +300,13 @@ def test_a_variant_may_carry_its_own_token_budget_for_an_iso_flop_baseline():
     assert other[other.index("--tokens") + 1] == "500000"
     with pytest.raises(ValueError, match="'tokens' must be a positive integer, got 0.5"):
         parse_variant('dense+{"tokens": 0.5}')
+    # its own warm-up too (a from-scratch arm at the shipped warm-up beside short continuations), over the grid's
+    own = parse_variant('dense+{"tokens": 280122, "warmup_steps": 30}')
+    short = GridSpec("debug", (own, variant), (1,), 500_000, "ds_configs/debug_cpu.json", warmup_steps=6)
+    assert own.model == {} and parse(short.training_args(own, 1), world_size=1)[0].warmup_steps == 30
+    assert parse(short.training_args(variant, 1), world_size=1)[0].warmup_steps == 6
+    with pytest.raises(ValueError, match="'warmup_steps' must be a whole number of steps, got -1"):
+        parse_variant('dense+{"warmup_steps": -1}')
 
 
 def _finished_run(run_dir: str, arch: str, seed: int) -> None:
@@ -413,9 +420,20 @@ def test_a_published_grids_command_names_its_recorded_run_directories(report, mo
     assert recorded["name"] == args.name and recorded["data"] == args.data and args.preset == [recorded["preset"]]
     variants = {text: parse_variant(text) for text in args.variants}
     spec = GridSpec(args.preset[0], tuple(variants.values()), tuple(args.seeds), args.tokens, args.ds_config,
-                    args.data, args.tokenizer, args.warmup_steps, args.baseline, args.eval_batches, args.name)
+                    args.data, args.tokenizer, args.warmup_steps, args.baseline, args.eval_batches, args.name,
+                    log_steps=args.log_steps)
+
+    def named(run_dir: str) -> str:
+        # a continuation's directory is keyed by its base weights' content too, which is not committed: its name
+        # up to the digest is checked (the digest of a run from random weights is not keyed by them: all of it)
+        return run_dir.rsplit("-", 1)[0] if args.init_from else run_dir
+
     differ = {run["variant"] for run in recorded["runs"]
-              if os.path.basename(spec.run_dir("runs", variants[run["variant"]], run["seed"])) != run["run_dir"]}
+              if named(os.path.basename(spec.run_dir("runs", variants[run["variant"]], run["seed"])))
+              != named(run["run_dir"])}
+    if args.init_from:  # the from-scratch arms' whole names, digest included: they are those of a plain grid
+        assert all(os.path.basename(spec.run_dir("runs", variants[run["variant"]], run["seed"])) == run["run_dir"]
+                   for run in recorded["runs"] if variants[run["variant"]].scratch)
     retrained = _RETRAINED.get(report, set())
     assert differ == (set(variants) if report in _DATA_MOVED else retrained)
     for name in set(variants) - retrained:  # each name still means what the report records it trained
