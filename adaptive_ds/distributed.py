@@ -7,6 +7,8 @@ import os
 import re
 import socket
 import sys
+import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -54,10 +56,19 @@ def init_distributed(timeout_s: float | None = None) -> None:
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     try:
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
-                                   auto_mpi_discovery=False, **timeout)
+        if os.environ.get("WORLD_SIZE") == "1":
+            # A world of one needs no rendezvous: an in-process store, so no port is bound or dialled (a MASTER_PORT
+            # another job holds cannot stop it, and two single-process runs never collide).
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **timeout)
+        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            store = restart_round_store(timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S))
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), **timeout)
+        # DeepSpeed's communication backend wraps the group made above, or makes it from the launcher's variables
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, **timeout)
     except dist.DistNetworkError as error:
         # Rank 0 hosts the rendezvous store on MASTER_PORT. torchrun's agent hosts it itself (static rendezvous,
         # TORCHELASTIC_USE_AGENT_STORE), and so does accelerate's multi-process launch, which runs torchrun (and on
@@ -66,6 +77,81 @@ def init_distributed(timeout_s: float | None = None) -> None:
             raise
         raise PortInUse(f"the rendezvous port {os.environ['MASTER_PORT']} is in use (another run on this machine?); "
                         f"pick another with {choice}") from None
+
+
+DEFAULT_TIMEOUT_S = 1800  # the rendezvous's bound when the run gives none (gloo's default collective timeout)
+_ROUND = "adaptive_ds/round"  # the agent store's keys of the handshake below
+
+
+def restart_round_store(timeout: timedelta, poll_s: float = 0.05) -> dist.Store:
+    """The store of this restart round of torchrun's agent: its TCPStore under a prefix that only this round's
+    processes share.
+
+    torchrun's agent hosts one TCPStore for the whole job (static rendezvous, and the c10d one since torch 2.4,
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE unset) and its workers connect to it without a prefix, on the assumption
+    that every restart round gets a new store (torch/distributed/rendezvous.py, `_create_c10d_store`; pytorch
+    issue 135712). It does not: after a restart the keys of the dead round are still there, so gloo's rendezvous
+    (`connectFullMesh`) and the groups DeepSpeed makes at `deepspeed.initialize` can read a dead process's address
+    and dial it until they time out. TORCHELASTIC_RESTART_COUNT cannot name the round either: each agent counts
+    its own restarts, and on several nodes an agent whose workers were healthy restarts them without counting.
+
+    So the round agrees on a fresh prefix through the agent's store. Every process of the previous round is gone
+    before this one starts (the agents stop their workers before the next rendezvous), and only live processes
+    write. Rank 0 deletes the ranks' hello keys, then answers each hello it finds with a new round token; every
+    other rank writes its hello (a nonce of its own, written again until answered, in case rank 0's delete came
+    after it) and reads the token under that nonce, which no earlier round can have answered.
+    """
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                         timeout=timeout)
+    deadline = time.monotonic() + timeout.total_seconds()
+    if rank == 0:
+        token = uuid.uuid4().hex
+        for peer in range(1, world):
+            base.delete_key(f"{_ROUND}/hello/{peer}")
+        waiting = set(range(1, world))
+        while waiting:
+            for peer in sorted(waiting):
+                if base.check([f"{_ROUND}/hello/{peer}"]):
+                    nonce = base.get(f"{_ROUND}/hello/{peer}").decode()
+                    base.set(f"{_ROUND}/answer/{nonce}", token)
+                    waiting.discard(peer)
+            _wait_until(deadline, poll_s, f"ranks {sorted(waiting)} of this restart round", waiting)
+    else:
+        nonce = uuid.uuid4().hex
+        while not base.check([f"{_ROUND}/answer/{nonce}"]):
+            base.set(f"{_ROUND}/hello/{rank}", nonce)
+            _wait_until(deadline, poll_s * 4, "rank 0 of this restart round", True)
+        token = base.get(f"{_ROUND}/answer/{nonce}").decode()
+    return dist.PrefixStore(f"{_ROUND}/{token}/", base)
+
+
+def job_store() -> dist.Store | None:
+    """The store of torchrun's agent, which lives as long as the torchrun job (all its restart rounds), or None
+    where no agent hosts one (another launcher, a plain start)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=DEFAULT_TIMEOUT_S))
+
+
+def restart_counts(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """How often a launcher started this run's processes again: torchrun's agent after a failed process
+    (`restarts`: TORCHELASTIC_RESTART_COUNT, as this node's agent counts them) and Slurm after a requeue
+    (`requeues`: SLURM_RESTART_COUNT). Only the launchers that started the run have a field."""
+    counts = {}
+    for name, variable in (("restarts", "TORCHELASTIC_RESTART_COUNT"), ("requeues", "SLURM_RESTART_COUNT")):
+        if environ.get(variable, "").isdigit():
+            counts[name] = int(environ[variable])
+    return counts
+
+
+def _wait_until(deadline: float, pause_s: float, whom: str, waiting) -> None:
+    if not waiting:
+        return
+    if time.monotonic() > deadline:
+        raise dist.DistStoreError(f"no answer from {whom} within the collective timeout")
+    time.sleep(pause_s)
 
 
 def port_choice(environ: Mapping[str, str]) -> str:

@@ -513,7 +513,7 @@ class Trainer:
             record.update(window_record)
         if record:
             self.metrics.write({"step": step, "tokens_seen": step * self.tokens_per_step,
-                                "elapsed_s": self.clock.elapsed(), **record})
+                                "elapsed_s": self.clock.elapsed(), **distributed.restart_counts(), **record})
             val = f" validation {record['validation_loss']:.4f}" if "validation_loss" in record else ""
             if "loss" in record:
                 stats = self.data.statistics
