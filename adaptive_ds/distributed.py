@@ -41,7 +41,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     """Join the launcher's process group; a plain `python` start becomes a world of one.
 
     Launchers export RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT / LOCAL_RANK; without them we set a
-    single-process world ourselves rather than let DeepSpeed try MPI discovery. CUDA uses NCCL; CPU uses gloo.
+    single-process world ourselves rather than let DeepSpeed try MPI discovery. A world of one (a plain start, or
+    any launcher's single process) rendezvouses in-process and binds no port; under torchrun's agent each restart
+    round takes a store prefix of its own (`restart_round_store`). CUDA uses NCCL; CPU uses gloo.
     `timeout_s` bounds every collective: a process whose peer hangs (alive, but no longer taking part) gets the
     backend's error after this long instead of waiting forever (None: DeepSpeed's default, $DEEPSPEED_TIMEOUT
     minutes or 10). A peer that died is noticed sooner: its closed connection fails the next collective. A
@@ -159,8 +161,8 @@ def port_choice(environ: Mapping[str, str]) -> str:
 
     deepspeed's launcher (deepspeed/launcher/launch.py) exports CROSS_RANK, torchrun's agent TORCHELASTIC_RUN_ID, and
     every `accelerate launch` ACCELERATE_MIXED_PRECISION (it then starts torchrun, or deepspeed's launcher across
-    machines, with its --main_process_port). Without RANK nothing launched us: init_distributed takes MASTER_PORT,
-    or a free port when it is unset (so does `accelerate launch` of one process, which starts plain python).
+    machines, with its --main_process_port). Without RANK nothing launched us: a world of one, which binds no port
+    (so is `accelerate launch` of one process, which starts plain python).
     """
     if "RANK" not in environ:
         return "the MASTER_PORT environment variable"

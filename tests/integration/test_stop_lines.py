@@ -34,19 +34,39 @@ def _held_port() -> socket.socket:
 @pytest.mark.parametrize("launcher", ["deepspeed", "python"])
 def test_a_busy_rendezvous_port_is_reported_with_the_flag_that_picks_another(launcher, tmp_path, run_command,
                                                                              tiny_ds_config):
+    """Two processes: rank 0 hosts the rendezvous store on the port (a plain start of rank 0 by hand, as a user's
+    own launcher would; or deepspeed's launcher). The line comes before anything is trained, not after a timeout."""
     out = tmp_path / "run"
     args = ["launchers/train.py", "--ds_config", tiny_ds_config(), "--output_dir", str(out)]
     with _held_port() as holder:
         port = holder.getsockname()[1]
         if launcher == "deepspeed":
-            result = run_command(["deepspeed", "--master_port", str(port), "--num_gpus", "1", *args], timeout=300)
+            result = run_command(["deepspeed", "--master_port", str(port), "--num_gpus", "2", *args], timeout=120)
             choice = "deepspeed's --master_port"
         else:
-            result = run_command([sys.executable, *args], timeout=300, MASTER_PORT=str(port))
-            choice = "the MASTER_PORT environment variable"
+            result = run_command([sys.executable, *args], timeout=120, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0",
+                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            choice = "the MASTER_PORT your launcher exports"
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert lines == [f"error: the rendezvous port {port} is in use (another run on this machine?); pick another "
                      f"with {choice}"], result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "lost contact" not in result.stderr
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["deepspeed", "python"])
+def test_a_single_process_run_needs_no_port(launcher, tmp_path, run_command, tiny_ds_config):
+    """A world of one binds and dials no port: the MASTER_PORT another job holds does not stop it (it hung for
+    minutes, then stopped, when a plain start took MASTER_PORT from the environment)."""
+    out = tmp_path / "run"
+    args = ["launchers/train.py", "--ds_config", tiny_ds_config(max_steps=1), "--output_dir", str(out)]
+    with _held_port() as holder:
+        port = str(holder.getsockname()[1])
+        if launcher == "deepspeed":
+            result = run_command(["deepspeed", "--master_port", port, "--num_gpus", "1", *args], timeout=300)
+        else:
+            result = run_command([sys.executable, *args], timeout=300, MASTER_PORT=port)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "summary.json").exists()

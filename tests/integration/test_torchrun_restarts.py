@@ -42,6 +42,7 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
     return logged_losses(tmp / "out")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, rendezvous", [
     ("kill", "c10d"),  # the c10d rendezvous with an id of the user's: the run directory is named after it
     ("raise", "static"),  # torchrun's default rendezvous, --output_dir given
