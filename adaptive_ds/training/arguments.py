@@ -82,6 +82,10 @@ class RunSettings:
     eval_steps: int = setting(0, "validation loss every N steps (0: only at the end)", at_least=0)
     save_steps: int = setting(0, "DeepSpeed checkpoint every N steps (0: only at the end)", at_least=0)
     keep_last: int = setting(2, "checkpoints kept", at_least=1)
+    max_failed_saves: int = setting(3, "checkpoint saves that may fail in a row (a full disk, no permission) before "
+                                       "the run stops with one line naming the cause and the last good checkpoint; "
+                                       "each failure is a warning, the previous checkpoint stays the latest and the "
+                                       "next save point tries again", at_least=1)
     stop_grace_s: int = setting(30, "seconds after SIGTERM or SIGINT (a preemption notice, Ctrl-C) within which the "
                                     "run still saves a checkpoint where the ranks agree to stop (within two steps); "
                                     "a further signal within them only marks the request again, one after them "

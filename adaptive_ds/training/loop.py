@@ -145,7 +145,8 @@ class Trainer:
         self.applied = None  # the knobs the engine follows now
         self.checkpointer = checkpoint.Checkpointer(self.output_dir, self.identity, self.engine,
                                                     {"run": self, "data": self.data}, self.data.tokenizer,
-                                                    settings.save_steps, settings.keep_last, self.resume_tag)
+                                                    settings.save_steps, settings.keep_last, self.resume_tag,
+                                                    settings.max_failed_saves)
         self.metrics = MetricsWriter(self.output_dir if is_writer else None, settings.report_to,
                                      os.path.basename(self.output_dir), self.identity, settings.log_steps)
         self.window = RoutingWindow(self.config)
@@ -366,7 +367,7 @@ class Trainer:
             if not self.controller.healthy:
                 logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
             elif self.checkpointer.last_saved != last_step and last_step > self.start_step:
-                self.checkpointer.save(last_step)
+                self.checkpointer.save(last_step, last=True)
             final.save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
                        is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
         summary.update(self._summary_facts(summary, last_step, counts))
@@ -530,7 +531,8 @@ class Trainer:
         record = {"loss": window.mean_loss(), "lr": self.engine.get_lr()[0],
                   "micro_batch": self.applied.micro_batch, "accumulation": self.applied.accumulation,
                   "tokens_per_s": window.tokens_per_s(), "window_s": window.busy_seconds(),
-                  "skipped_steps": self.engine.skipped_steps, **self.window.summary()}
+                  "skipped_steps": self.engine.skipped_steps, "failed_saves": self.checkpointer.failed_saves,
+                  "failed_saves_total": self.checkpointer.failed_saves_total, **self.window.summary()}
         if self.config.uses_mod:
             record["mod"]["capacity"] = self.applied.mod_capacity
         stats = self.data.statistics
@@ -543,11 +545,13 @@ class Trainer:
 
     def _save(self, step: int) -> None:
         """A periodic checkpoint; one that cannot be written (a full disk) costs a warning, not the run: the
-        previous checkpoint stays the latest, and the next boundary tries again."""
+        previous checkpoint stays the latest, and the next boundary tries again. The max_failed_saves-th failure in
+        a row stops the run (`Checkpointer.save` raises SavesFailedError, which this lets through)."""
         try:
             self.checkpointer.save(step)
         except checkpoint.CheckpointSaveError as error:
-            logger.warning("%s; training goes on", error)
+            logger.warning("%s; training goes on and the next save point tries again (%d of max_failed_saves %d "
+                           "failed in a row)", error, self.checkpointer.failed_saves, self.settings.max_failed_saves)
             return
         self._push_checkpoint(step, self.last_loss)
 

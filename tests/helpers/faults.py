@@ -6,17 +6,28 @@ spikes, an out-of-memory error raised where a micro-batch would be allocated, a 
 under which large allocations really fail (capped_allocator.py), the process killed with SIGKILL before a step, or
 sent a signal (SIGTERM, SIGINT) before one. Each fault fires once: the run that a rollback takes back over the same
 step does not meet it again.
+
+Faults in a checkpoint's writes are installed for the run inside `with Faults(...) as faults:` and removed after it:
+a full disk at the saves of chosen steps (`full_disk_at_saves`: the checkpoint's first tensor file is written half
+and fails with ENOSPC, as DeepSpeed's `torch.save` fails on a full filesystem), and a failed write of the manifest,
+run.json or `latest` at the save of one step (`write_fault`: the write raises ENOSPC, or the process is killed with
+SIGKILL while the file's temporary copy is half written).
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import signal
 
 import torch
 from helpers import capped_allocator
 
+from adaptive_ds.training.checkpoint import storage
 from adaptive_ds.training.loop import TrainerHooks
+
+WRITES = (storage.MANIFEST, storage.RUN_STATE, storage.LATEST)  # what `storage.publish` writes, in its order
 
 
 class Faults(TrainerHooks):
@@ -24,7 +35,8 @@ class Faults(TrainerHooks):
                  spike_at_step: int | None = None, spike_factor: float = 30.0,
                  oom_micro_batch_above: int | None = None, oom_from_step: int = 1, oom_at_micro_index: int = 0,
                  memory_cap_mb: float | None = None, kill_before_step: int | None = None,
-                 signal_before_step: int | None = None, signal_number: int = signal.SIGTERM):
+                 signal_before_step: int | None = None, signal_number: int = signal.SIGTERM,
+                 full_disk_at_saves: list[int] = (), write_fault: tuple[str, int, str] | None = None):
         self.nan_weight_at_step = nan_weight_at_step
         self.nan_grad_at = tuple(nan_grad_at) if nan_grad_at else None  # (step, micro-batch index)
         self.spike_at_step, self.spike_factor = spike_at_step, spike_factor
@@ -32,10 +44,66 @@ class Faults(TrainerHooks):
         self.oom_at_micro_index = oom_at_micro_index
         self.memory_cap_mb, self.kill_before_step = memory_cap_mb, kill_before_step
         self.signal_before_step, self.signal_number = signal_before_step, signal_number
+        self.full_disk_at_saves = set(full_disk_at_saves)
+        self.write_fault = tuple(write_fault) if write_fault else None  # (one of WRITES, step, "raise" or "kill")
+        assert self.write_fault is None or (self.write_fault[0] in WRITES and self.write_fault[2] in ("raise", "kill"))
         self.fired: list[tuple[str, int]] = []
         self._grad_hook = None
+        self._installed: list[tuple[object, str, object]] | None = None  # (module, name, the original) while in `with`
+
+    def __enter__(self) -> Faults:
+        self._installed = []
+        if self.full_disk_at_saves:
+            self._install(torch, "save", self._full_disk(torch.save))
+        if self.write_fault:
+            self._install(storage, "write_atomic", self._failing_write(storage.write_atomic))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module, name, original in reversed(self._installed):
+            setattr(module, name, original)
+        self._installed = None
+
+    def _install(self, module, name: str, replacement) -> None:
+        self._installed.append((module, name, getattr(module, name)))
+        setattr(module, name, replacement)
+
+    def _full_disk(self, real_save):
+        """torch.save, failing with ENOSPC half-way through the first file of each checkpoint in full_disk_at_saves."""
+        def save(obj, f, *args, **kwargs):
+            tag = os.path.basename(os.path.dirname(str(f)))
+            step = int(tag[4:]) if storage.TAG.fullmatch(tag) else None
+            if step not in self.full_disk_at_saves or ("full_disk", step) in self.fired:
+                return real_save(obj, f, *args, **kwargs)
+            self.fired.append(("full_disk", step))
+            buffer = io.BytesIO()
+            real_save(obj, buffer, *args, **kwargs)
+            data = buffer.getvalue()
+            with open(f, "wb") as out:
+                out.write(data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return save
+
+    def _failing_write(self, real_write):
+        """storage.write_atomic, failing the write of `write_fault`'s file at the save of its step."""
+        name, at_step, how = self.write_fault
+
+        def write_atomic(path: str, text: str) -> None:
+            # `latest` holds the tag it names; the manifest and run.json are in the tag's directory
+            tag = text if os.path.basename(path) == storage.LATEST else os.path.basename(os.path.dirname(path))
+            if os.path.basename(path) != name or tag != storage.tag_of(at_step) or ("write", at_step) in self.fired:
+                return real_write(path, text)
+            self.fired.append(("write", at_step))
+            if how == "kill":  # the process dies while the temporary copy is half written
+                with open(f"{path}.tmp", "w") as f:
+                    f.write(text[:len(text) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{path}.tmp")
+        return write_atomic
 
     def before_step(self, trainer, step: int) -> None:
+        assert self._installed is not None or not (self.full_disk_at_saves or self.write_fault), \
+            "faults in checkpoint writes are installed by `with Faults(...) as faults:`"
         if self.memory_cap_mb is not None and step == 2:
             # from step 2 (step 1 made DeepSpeed's lazily allocated buffers): the tensors of a step may hold at
             # most this much at once; a larger allocation really fails in torch's allocator

@@ -12,4 +12,5 @@ from helpers.faults import Faults  # noqa: E402
 from adaptive_ds.training.__main__ import main  # noqa: E402
 
 if __name__ == "__main__":
-    main(sys.argv[2:], hooks=Faults(**json.loads(sys.argv[1])))
+    with Faults(**json.loads(sys.argv[1])) as faults:
+        main(sys.argv[2:], hooks=faults)

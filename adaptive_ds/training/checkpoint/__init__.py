@@ -29,6 +29,7 @@ from .storage import (
     CheckpointError,
     CheckpointLoadError,
     CheckpointSaveError,
+    SavesFailedError,
     checkpoint_root,
     latest_tag,
     read_data_state,
@@ -40,7 +41,8 @@ from .universal import check_param_groups, universal_tag
 
 __all__ = [
     "CHECKPOINTS", "LATEST", "MANIFEST", "RUN_STATE", "LAYOUT_KEYS", "CheckpointError", "CheckpointLoadError",
-    "CheckpointSaveError", "Checkpointer", "changes_layout", "check_compatible", "check_param_groups",
-    "check_resumable", "checkpoint_root", "latest_tag", "load", "read_data_state", "read_run_state", "resolve_tag_dir",
-    "restore", "resume_candidate", "run_identity", "save", "universal_tag", "with_new_model_fields", "write_json",
+    "CheckpointSaveError", "SavesFailedError", "Checkpointer", "changes_layout", "check_compatible",
+    "check_param_groups", "check_resumable", "checkpoint_root", "latest_tag", "load", "read_data_state",
+    "read_run_state", "resolve_tag_dir", "restore", "resume_candidate", "run_identity", "save", "universal_tag",
+    "with_new_model_fields", "write_json",
 ]

@@ -36,7 +36,15 @@ from deepspeed.checkpoint.constants import (
 from ... import distributed
 from . import consolidate, storage
 from .identity import changes_layout, check_resumable
-from .storage import CORRUPT, CheckpointError, CheckpointLoadError, CheckpointSaveError, checkpoint_root, latest_tag
+from .storage import (
+    CORRUPT,
+    CheckpointError,
+    CheckpointLoadError,
+    CheckpointSaveError,
+    SavesFailedError,
+    checkpoint_root,
+    latest_tag,
+)
 from .universal import check_param_groups, universal_tag
 
 logger = logging.getLogger(__name__)
@@ -70,7 +78,7 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, to
         dist.barrier()
         raise CheckpointSaveError(
             f"checkpoint {tag} could not be saved in {root!r} ({failed}); {storage.human(free)} free there when it "
-            f"failed; the partial {tag} was removed and `latest` still names {previous or 'no checkpoint'}")
+            f"failed; the partial {tag} was removed and `latest` still names {previous or 'no checkpoint'}", failed)
     distributed.progress.checkpoint = where
     return tag
 
@@ -217,16 +225,23 @@ class Checkpointer:
     a boundary met while the loss is non-finite or spiking is postponed to the first healthy step after it, so every
     checkpoint (and so every rollback target) holds weights whose recorded loss was healthy.
 
+    A save that cannot be written (a full disk, no permission) leaves the previous checkpoint the latest; the next
+    boundary tries again, until `max_failed_saves` have failed in a row (`failed_saves`; a successful save resets
+    it) and the run stops.
+
     `parts`: the stateful parts besides the engine and RNG: "run" (run.json: the trainer's `state_dict()`, the
     controller's within it) and "data" (each rank's data position), each with `state_dict()` / `load_state_dict()`.
     """
 
     def __init__(self, output_dir: str, identity: dict, engine, parts: dict, tokenizer, save_steps: int,
-                 keep_last: int, resume_tag: str | None = None):
+                 keep_last: int, resume_tag: str | None = None, max_failed_saves: int = 3):
         self.output_dir, self.identity, self.engine, self.parts = output_dir, identity, engine, parts
         self.tokenizer, self.save_steps, self.keep_last, self.resume_tag = tokenizer, save_steps, keep_last, resume_tag
+        self.max_failed_saves = max_failed_saves
         self.pending = False  # a boundary met unhealthy weights: the save is owed
         self.last_saved: int | None = None
+        self.failed_saves = 0  # saves that failed in a row, since the last one that succeeded
+        self.failed_saves_total = 0  # saves that failed since this process started the run
 
     def boundary(self, step: int, max_steps: int) -> bool:
         """Whether `step` is a save boundary, or a save is owed (the loop reads the step losses there)."""
@@ -237,15 +252,36 @@ class Checkpointer:
         self.pending = self.boundary(step, max_steps)
         return self.pending and healthy
 
-    def save(self, step: int) -> None:
-        """Save the union of the parts' states at `step` (collective); CheckpointSaveError leaves the previous."""
+    def save(self, step: int, last: bool = False) -> None:
+        """Save the union of the parts' states at `step` (collective). A save that cannot be written raises
+        CheckpointSaveError (the previous checkpoint stays the latest; the next boundary tries again), or
+        SavesFailedError where the run cannot go on: the `max_failed_saves`-th failure in a row, or the run's `last`
+        save (no boundary follows it)."""
         data = self.parts["data"].state_dict()
         try:
             save(self.engine, self.output_dir, step, self.parts["run"].state_dict(), self.keep_last, self.tokenizer,
                  data)
+        except CheckpointSaveError as error:
+            self.failed_saves, self.failed_saves_total = self.failed_saves + 1, self.failed_saves_total + 1
+            if last or self.failed_saves >= self.max_failed_saves:
+                raise self._gave_up(step, error, last) from None
+            raise
         finally:
             self.pending = False  # written, or failed: the next boundary tries again
+        self.failed_saves = 0
         self.last_saved = step
+
+    def _gave_up(self, step: int, error: CheckpointSaveError, last: bool) -> SavesFailedError:
+        """The run's one line when its saves stop it: the cause, the last good checkpoint, how to go on."""
+        latest = latest_tag(self.output_dir)
+        what = (f"the checkpoint of the run's last step {step} could not be saved" if last else
+                f"{self.failed_saves} checkpoint saves in a row failed (max_failed_saves {self.max_failed_saves}), "
+                f"the last at step {step}")
+        good = (f"the last good checkpoint is {os.path.join(checkpoint_root(self.output_dir), latest)}" if latest
+                else "no checkpoint was saved yet")
+        then = "resume from it" if latest else "start again"
+        return SavesFailedError(f"{what} ({error.cause}); {good}; {distributed.progress.rerun} to {then} once "
+                                "that is fixed")
 
     def rollback_target(self) -> str | None:
         return latest_tag(self.output_dir)

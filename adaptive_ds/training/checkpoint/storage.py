@@ -36,7 +36,17 @@ class CheckpointError(ValueError):
 
 
 class CheckpointSaveError(CheckpointError):
-    """A save that could not be written (e.g. a full disk); the previous checkpoint and `latest` are intact."""
+    """A save that could not be written (e.g. a full disk); the previous checkpoint and `latest` are intact.
+    `cause`: what failed, in one line (the OSError's words; the rank's too, on several processes)."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+class SavesFailedError(CheckpointError):
+    """A run's saves kept failing (max_failed_saves in a row, or the save at its last step): the run stops, its one
+    line naming the cause and the last good checkpoint."""
 
 
 class CheckpointLoadError(CheckpointError):
