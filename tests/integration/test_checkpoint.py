@@ -298,6 +298,23 @@ def test_a_save_that_fills_the_disk_keeps_the_previous_checkpoint(tmp_path, monk
             subprocess.run(["umount", str(disk)], check=True)
 
 
+def test_a_first_save_that_cannot_create_the_checkpoint_directory_fails_in_one_line(tmp_path, monkeypatch):
+    """No permission (or a file system gone read-only) before the first checkpoint: checkpoints/ is never made."""
+    engine, tokenizer = _tiny_engine(tmp_path), embedded_tokenizer()
+    _train_step(engine)
+
+    def refuse(path, exist_ok=False):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    monkeypatch.setattr(engine.checkpoint_engine, "makedirs", refuse)
+    out = tmp_path / "run"
+    with pytest.raises(CheckpointSaveError, match=r"^checkpoint step00000001 could not be saved in .* \("
+                       r"PermissionError: \[Errno 13\] Permission denied: .*\); [\d.]+ (B|KiB|MiB|GiB) free there when "
+                       r"it failed; the partial step00000001 was removed and `latest` still names no checkpoint$"):
+        checkpoint.save(engine, str(out), 1, {"step": 1}, 2, tokenizer)
+    assert not (out / "checkpoints").exists()
+
+
 def test_a_checkpoint_from_before_a_new_model_option_resumes_at_its_default(finished_run, tmp_path):
     out = _copy(finished_run, tmp_path)
     for state in (out / "checkpoints").glob(f"*/{checkpoint.RUN_STATE}"):  # as an older adaptive_ds wrote them

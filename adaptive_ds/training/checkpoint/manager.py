@@ -72,7 +72,7 @@ def save(engine, output_dir: str, step: int, run_state: dict, keep_last: int, to
     if failed is None:
         failed = _commit(root, tag, run_state, keep_last)
     if failed is not None:
-        previous, free = latest_tag(output_dir), shutil.disk_usage(root).free
+        previous, free = latest_tag(output_dir), storage.free_space(root)
         if rank == 0 and tag != previous:
             shutil.rmtree(where, ignore_errors=True)
         dist.barrier()

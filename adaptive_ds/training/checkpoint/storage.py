@@ -145,6 +145,14 @@ def human(size: float) -> str:
         size /= 1024
 
 
+def free_space(path: str) -> int:
+    """Free bytes on the file system that holds `path`, or would hold it (a directory a failed save never made)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
 def first_failure(failures: list[str | None]) -> str | None:
     """The first of the ranks' failures (None: none failed), naming its rank when there are several ranks."""
     ranked = [f"rank {r}: {f}" if len(failures) > 1 else f for r, f in enumerate(failures) if f]
