@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     width = max(map(len, COMMANDS))
     listing = "\n".join(f"  {name:<{width}}  {command.about}" for name, command in COMMANDS.items())
     p = argparse.ArgumentParser(
-        prog="adaptive-ds", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="adaptive-ds", formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         description="Train, plan, compare, export and sample adaptive_ds models.",
         epilog=f"commands:\n{listing}\n\n`adaptive-ds COMMAND --help` lists a command's arguments.")
     p.add_argument("command", metavar="COMMAND", help=f"one of {', '.join(COMMANDS)}")

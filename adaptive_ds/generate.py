@@ -18,7 +18,7 @@ from .training.checkpoint import CheckpointError
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Sample from a trained adaptive_ds model.")
+    p = argparse.ArgumentParser(allow_abbrev=False, description="Sample from a trained adaptive_ds model.")
     p.add_argument("model")
     p.add_argument("prompt", nargs="+")
     p.add_argument("--max_new_tokens", type=int, default=32)

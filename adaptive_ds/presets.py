@@ -236,7 +236,8 @@ def _human(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="True total and active parameter counts of every preset.")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description="True total and active parameter counts of every preset.")
     parser.add_argument("--vocab_size", type=int, default=32000,
                         help="tokenizer vocabulary (padded to a multiple of 64); default: Llama's 32000")
     args = parser.parse_args(argv)

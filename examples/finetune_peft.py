@@ -26,7 +26,8 @@ import adaptive_ds  # noqa: F401  (registers the Auto classes)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description="LoRA fine-tuning of an adaptive_ds model with transformers' Trainer.")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description="LoRA fine-tuning of an adaptive_ds model with transformers' Trainer.")
     p.add_argument("model", help="a save_pretrained folder, e.g. runs/my-run/final")
     p.add_argument("--data", required=True, help="JSON lines with a 'text' field")
     p.add_argument("--out", required=True, help="folder for the adapters and the merged model")

@@ -20,7 +20,8 @@ from adaptive_ds.export.hub import HubPusher, model_card
 
 def main(argv: list[str] | None = None, api=None) -> None:
     """`api` replaces huggingface_hub.HfApi (a local stand-in, offline)."""
-    p = argparse.ArgumentParser(description="Push a run's final/ model with its model card to the Hub.")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description="Push a run's final/ model with its model card to the Hub.")
     p.add_argument("run_dir", help="a training run's output directory, holding final/ and summary.json")
     p.add_argument("repo_id", help="the Hub repository, e.g. your-name/my-model")
     p.add_argument("--command", default="n/a", help="the training command, shown in the card")

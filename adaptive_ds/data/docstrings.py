@@ -212,7 +212,7 @@ def build_shard(out: str, roots: list[str], max_mb: float, min_chars: int = 40) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the shard to write, e.g. "
                         "data/docstrings/c4-train.00000-of-00001.json.gz (its folder must exist)")
     parser.add_argument("--max_mb", type=float, default=8.0, help="MB of JSON lines (before compression) at most")

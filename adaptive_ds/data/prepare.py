@@ -211,7 +211,8 @@ def _write_manifest(out: str, manifest: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Tokenize a corpus once into token shards for `--data DIR`.")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description="Tokenize a corpus once into token shards for `--data DIR`.")
     p.add_argument("--data", required=True, help="local files (.jsonl, .json.gz, .parquet, .txt; a glob or folder) "
                                                  "or a Hub dataset name (streamed)")
     p.add_argument("--tokenizer", default=PrepareArguments.tokenizer,

@@ -166,7 +166,8 @@ def to_mixtral(model: AdaptiveDSForCausalLM) -> MixtralForCausalLM:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Export a checkpoint, or convert to stock transformers classes.")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description="Export a checkpoint, or convert to stock transformers classes.")
     p.add_argument("src", help="OUTPUT_DIR, a checkpoint directory, or a save_pretrained folder")
     p.add_argument("dst", help="new or empty output folder")
     p.add_argument("--to", choices=["adaptive_ds", "llama", "mixtral"], default="adaptive_ds")

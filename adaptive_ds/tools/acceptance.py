@@ -485,7 +485,8 @@ def main(argv: list[str] | None = None) -> None:
     from .. import distributed
     from .report import check_markdown_path
 
-    p = argparse.ArgumentParser(description="The GPU acceptance run (a dry run of every stage without CUDA).")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description="The GPU acceptance run (a dry run of every stage without CUDA).")
     p.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     p.add_argument("--out", help="the JSON report (default: runs/acceptance/acceptance_<gpu|dry>_<date>_<time>.json "
                                  "under the working directory)")

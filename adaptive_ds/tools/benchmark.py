@@ -412,7 +412,8 @@ def write_generation_section(path: str, report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Side-by-side training throughput of the architectures.")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description="Side-by-side training throughput of the architectures.")
     p.add_argument("--preset", default="debug", choices=list(PRESETS))
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per case per round")
     p.add_argument("--rounds", type=int, default=3)

@@ -262,7 +262,7 @@ def _corpus(work: str, files: int, corpus_mb: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Measure the data pipeline's tokens/s and resume time.")
+    p = argparse.ArgumentParser(allow_abbrev=False, description="Measure the data pipeline's tokens/s and resume time.")
     p.add_argument("--work", default="runs/data_benchmark", help="folder for the corpus and the prepared shards")
     p.add_argument("--corpus_mb", type=float, default=40.0)
     p.add_argument("--files", type=int, default=4)

@@ -491,7 +491,8 @@ def write_section(path: str, report: dict, text: str) -> None:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Train variants x seeds side by side and report the tables.")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description="Train variants x seeds side by side and report the tables.")
     p.add_argument("--preset", nargs="+", default=["debug"], choices=list(PRESETS),
                    help="one or more presets; each gets its own section")
     p.add_argument("--variants", nargs="+", default=list(ARCHITECTURES),

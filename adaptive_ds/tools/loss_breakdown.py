@@ -230,7 +230,7 @@ def _model_arg(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", type=_model_arg, required=True, metavar="NAME=FOLDER")
     p.add_argument("--seed", type=int, required=True, help="the runs' training seed (its validation stream)")
     p.add_argument("--tier", default="hard", choices=TIERS, help="the embedded corpus's tier the models trained on")

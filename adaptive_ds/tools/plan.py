@@ -483,7 +483,7 @@ def format_plan(p: Plan, advice: list = ()) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Project memory, speed and cost of a preset on a GPU.")
+    p = argparse.ArgumentParser(allow_abbrev=False, description="Project memory, speed and cost of a preset on a GPU.")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--arch", default="dense", choices=["dense", "moe", "mod", "hybrid"])
     p.add_argument("--gpu", choices=GPUS)

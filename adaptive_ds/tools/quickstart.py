@@ -110,7 +110,8 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m adaptive_ds.tools.quickstart", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m adaptive_ds.tools.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--repository", default=".", help="the git checkout whose HEAD is cloned (default: this one)")
     p.add_argument("--work", default="runs/quickstart", help="folder for the clone (emptied first)")
     p.add_argument("--timeout_minutes", type=float, default=90.0, help="each command's limit")

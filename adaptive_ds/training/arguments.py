@@ -20,6 +20,7 @@ import sys
 import types
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
+from difflib import get_close_matches
 
 from .. import ds_config as ds_config_reader
 from .. import pretrained
@@ -219,9 +220,22 @@ def _flag_help(f: Field) -> str:
     return f"{meta['help']}{choices}{merged} (default: {_default_json(f)})".replace("%", "%%")  # argparse formats it
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a command-line mistake ends in one line, as every other bad input does: the problem, the flags
+    it might have meant, and where all of them are listed (argparse's usage of some forty flags would bury it)."""
+
+    def error(self, message: str):
+        options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        meant = [match for word in re.findall(r"--[\w-]+", message) if word not in options
+                 for match in get_close_matches(word, options, n=1)]
+        hint = f"; did you mean {', '.join(meant)}?" if meant else ""
+        self.exit(2, f"error: {message}{hint} (--help lists every flag)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """`--ds_config`, a flag per RunSettings field (unset flags are None: the block's value stands), `--ep_size`."""
-    p = argparse.ArgumentParser(description="Train an adaptive_ds model through the DeepSpeed engine.")
+    # never abbreviated: `--max_step 10` is refused, not read as `--max_steps 10`
+    p = _Parser(description="Train an adaptive_ds model through the DeepSpeed engine.", allow_abbrev=False)
     p.add_argument("--ds_config", default=os.environ.get(ACCELERATE_DS_CONFIG),
                    help="DeepSpeed JSON config with an optional 'adaptive_ds' block: a path, or the name of a shipped "
                         "config (debug_cpu.json, b1_t4.json, ...: adaptive_ds/ds_configs) (default under `accelerate "

@@ -256,7 +256,7 @@ def install_scripts(checkpoint_root: str) -> None:
 def main(argv: list[str] | None = None, dtype_option: bool = False) -> None:
     """The scripts' command line: DeepSpeed's zero_to_fp32.py (`dtype_option`: its zero_to_torch.py, --dtype)."""
     p = argparse.ArgumentParser(description="Consolidate an adaptive_ds (DeepSpeed) checkpoint into PyTorch weights "
-                                            "under the model's names, every expert included.")
+                                            "under the model's names, every expert included.", allow_abbrev=False)
     p.add_argument("checkpoint_dir", help="the folder of the checkpoint tags and `latest`: OUTPUT_DIR/checkpoints")
     p.add_argument("output_dir", help="folder for the state dict files (pytorch_model.bin, or shards and an index)")
     if dtype_option:
