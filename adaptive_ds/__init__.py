@@ -1,9 +1,20 @@
 """adaptive_ds: Dense, MoE, MoD and hybrid decoder-only language models trained through DeepSpeed.
 
-Importing the package registers the models with `AutoConfig` / `AutoModelForCausalLM`.
+Importing the package imports no torch, so that a command's arguments are checked in a second (the training run's
+`preflight`); the model classes below are imported on first use. Importing `adaptive_ds.models` (which any use of
+a model class does) registers the models with `AutoConfig` / `AutoModelForCausalLM`: `import adaptive_ds.models`,
+then `AutoModelForCausalLM.from_pretrained(folder)` without `trust_remote_code`.
 """
 
-from .models import AdaptiveDSConfig, AdaptiveDSForCausalLM, AdaptiveDSModel
+import importlib
 
 __version__ = "0.1.0"
 __all__ = ["AdaptiveDSConfig", "AdaptiveDSForCausalLM", "AdaptiveDSModel", "__version__"]
+_MODELS = ("AdaptiveDSConfig", "AdaptiveDSForCausalLM", "AdaptiveDSModel")
+
+
+def __getattr__(name: str):
+    """`adaptive_ds.AdaptiveDSForCausalLM` and the like, from adaptive_ds.models on first use (PEP 562)."""
+    if name in _MODELS:
+        return getattr(importlib.import_module(".models", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

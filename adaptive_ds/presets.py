@@ -2,6 +2,9 @@
 options), and the true parameter counts of every preset x architecture.
 
 Run `python -m adaptive_ds.presets [--vocab_size N]` to print the counts and the variants.
+
+Importing this module imports no torch (the model configuration is imported where a model configuration is built), so
+that a training run's settings are checked before torch is (training/arguments.py).
 """
 
 from __future__ import annotations
@@ -9,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .models.configuration import ARCHITECTURES, AdaptiveDSConfig
+if TYPE_CHECKING:
+    from .models.configuration import AdaptiveDSConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,10 @@ PRESETS: dict[str, Preset] = {
     "b1": Preset(2048, 22, 32, 4, 5632, 2048, 8, 2),
     "b7": Preset(4096, 32, 32, 8, 11008, 2048, 8, 2),
 }
+# A run from pretrained weights of no preset's shape (and none named) trains at their max_position_embeddings up to
+# this (adaptive_ds/pretrained.py): the longest preset's seq_len, never the default preset's, which describes another
+# model.
+NO_PRESET_SEQ_LEN = max(p.seq_len for p in PRESETS.values())
 
 
 # MoD settings the variants below are made of (Raposo et al. 2024, arXiv 2404.02258): the paper's best, 12.5% capacity
@@ -109,7 +118,10 @@ VARIANTS: dict[str, ArchVariant] = {
     "hybrid:dropless": ArchVariant("hybrid", {**_MOD_HALF, **_TOP2_CAPACITY, "moe_drop_tokens": False},
                                    about="hybrid:half, dropless"),
 }
-assert all(VARIANTS[arch].arch == arch for arch in ARCHITECTURES)  # each architecture's defaults have an entry
+# The architectures, in the order of the tables: the variants named after their own architecture, each what it ships
+# with. models/configuration.py spells them too, for a final/ folder's copy of the model code that stands alone
+# (tests/unit/test_presets.py keeps the two the same).
+ARCHITECTURES = tuple(name for name, entry in VARIANTS.items() if name == entry.arch)
 
 # Spellings of variants before they were named ARCH:OPTION: `--variant` still takes them (with a warning).
 RENAMED_VARIANTS = {"mod_paper": "mod:paper", "mod_half": "mod:half"}
@@ -134,6 +146,8 @@ def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
 def model_config(preset: str, arch: str, vocab_size: int, **overrides) -> AdaptiveDSConfig:
     """The model configuration of `preset` in architecture `arch` (with the defaults of its entry in `VARIANTS`) for
     a tokenizer of `vocab_size` tokens; `overrides` (AdaptiveDSConfig fields) win over both."""
+    from .models.configuration import AdaptiveDSConfig
+
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; valid choices: {', '.join(PRESETS)}")
     if arch not in ARCHITECTURES:

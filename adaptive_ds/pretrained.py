@@ -53,7 +53,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig
 
 from .models import AdaptiveDSConfig
 from .models.upcycling import initial_tensors
-from .presets import PRESETS, VARIANTS, pad_vocab
+from .presets import NO_PRESET_SEQ_LEN, PRESETS, VARIANTS, pad_vocab
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +68,6 @@ STRUCTURAL_FIELDS = (*SHAPE_FIELDS, "vocab_size", "num_local_experts", "num_expe
 SOURCE_FILES = ("config.json", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
                 "added_tokens.json", "vocab.*", "merges.txt", "*.model")
 INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
-# A run from a folder of no preset's shape (and none named) trains at its max_position_embeddings up to this: the
-# longest preset's seq_len, never the default preset's, which describes another model
-NO_PRESET_SEQ_LEN = max(p.seq_len for p in PRESETS.values())
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 

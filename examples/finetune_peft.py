@@ -22,7 +22,7 @@ from transformers import (
     TrainingArguments,
 )
 
-import adaptive_ds  # noqa: F401  (registers the Auto classes)
+import adaptive_ds.models  # noqa: F401  (registers the Auto classes)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -71,7 +71,7 @@ model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)
 tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
 ```
 
-Where the `adaptive_ds` package is installed, `import adaptive_ds` registers the classes and
+Where the `adaptive_ds` package is installed, `import adaptive_ds.models` registers the classes and
 `trust_remote_code` is not needed. To fine-tune, transformers' `Trainer` works as for any causal LM, with or without
 its DeepSpeed integration (`TrainingArguments(deepspeed=...)`): the experts of an MoE model are plain modules
 there, which DeepSpeed trains as a dense model's.

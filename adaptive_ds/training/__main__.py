@@ -6,10 +6,16 @@ torchrun's agent stops the survivors with SIGTERM. The same command then resumes
 A rendezvous port that another run holds ends it with one line too, naming the launcher's option for another port.
 SIGTERM or SIGINT during training saves the run at the next step boundary first (`stop.py`); it exits with 128 + the
 signal's number and a line that says the same command resumes it.
+
+The command line and the ds_config are checked before torch and DeepSpeed are imported (`arguments.preflight`), so
+that a misspelt flag or arch, or a missing or broken ds_config, answers in a second, not after ten of imports: this
+module imports the modules that import them (the loop, `distributed`, the checkpoints) in the functions that use
+them, which run once the arguments have passed.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -17,12 +23,8 @@ from typing import NoReturn
 
 import psutil
 
-from .. import distributed
-from .arguments import ConfigError
-from .checkpoint import CheckpointError
+from .arguments import ConfigError, preflight
 from .controller import TrainingStopped
-from .loop import train
-from .stop import StopRequested
 
 
 class Terminated(BaseException):
@@ -55,6 +57,8 @@ def _stop_signals() -> None:
 
 def _stopped(what: str) -> str:
     """The one line: what stopped the run, where, and how to continue."""
+    from .. import distributed
+
     progress = distributed.progress
     where = f"at step {progress.step}" if progress.step is not None else "before training began"
     to = (f"resume from checkpoint {progress.checkpoint}" if progress.checkpoint
@@ -64,10 +68,18 @@ def _stopped(what: str) -> str:
 
 def main(argv: list[str] | None = None, hooks=None) -> None:
     """`hooks`: test-only fault injection (tests/helpers/train_with_faults.py); None in every real run."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))  # nothing has imported torch yet
+    except ConfigError as error:
+        _end(f"error: {error}", 1)
+    from .. import distributed
+    from .stop import StopRequested
+
     signal.signal(signal.SIGTERM, _on_sigterm)  # torchrun's agent sends it to the survivors when a worker dies
     try:
         # interpreter start-up and imports are part of the run's setup time
-        train(sys.argv[1:] if argv is None else argv, process_started=psutil.Process().create_time(), hooks=hooks)
+        train(argv, process_started=psutil.Process().create_time(), hooks=hooks)
         distributed.close()
         return
     except BaseException as error:
@@ -88,6 +100,13 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
     _end(line, 1)
 
 
+def train(argv: list[str], process_started: float, hooks=None) -> None:
+    """The run (training/loop.py), imported once `main` has checked its arguments."""
+    from .loop import train as run
+
+    run(argv, process_started=process_started, hooks=hooks)
+
+
 def _end(line: str, status: int) -> NoReturn:
     """Exit with `status` after writing `line` in one write: every rank ends with its line on the launcher's shared
     stderr, and print() or sys.exit(line) write the text and its newline apart, so two ranks' lines could run
@@ -99,6 +118,9 @@ def _end(line: str, status: int) -> NoReturn:
 
 def _one_line(error: BaseException) -> str | None:
     """The line a run that stopped with `error` ends with; None for an error that is a defect (its traceback)."""
+    from .. import distributed
+    from .checkpoint import CheckpointError
+
     if isinstance(error, (ConfigError, CheckpointError, TrainingStopped, distributed.PortInUse)):
         return f"error: {error}"
     if isinstance(error, Terminated):
@@ -119,6 +141,8 @@ def _lost_a_process(error: RuntimeError) -> str | None:
     so a survivor's loader worker may receive SIGTERM before the survivor does, and torch then raises
     "DataLoader worker (pid N) is killed by signal: Terminated" wherever the main process is.
     """
+    from .. import distributed
+
     if distributed.lost_contact(error):
         return f"lost contact with another process ({distributed.describe_lost_contact(error)})"
     worker = _DATA_WORKER_LOST.search(str(error))

@@ -5,6 +5,10 @@ settings. It is removed before DeepSpeed sees the config; command-line flags ove
 
 `RunSettings` is the one definition of those settings: each field's type, default, help and valid choices
 generate its ``--flag``, its checks in `validate()` and the settings table of docs/training.md (`settings_markdown()`).
+
+This module imports neither torch, transformers nor DeepSpeed (the model configuration, the data sources and
+`--init_from`'s folder are imported where they are checked), so that `preflight()` can refuse a misspelt flag, a bad
+value or a broken ds_config in a second, before the run imports them (training/__main__.py); a test keeps it so.
 """
 
 from __future__ import annotations
@@ -21,16 +25,19 @@ import types
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 from difflib import get_close_matches
+from typing import TYPE_CHECKING
 
 from .. import ds_config as ds_config_reader
-from .. import pretrained
-from ..data import EMBEDDED, source_problems
 from ..ds_config import ConfigError
-from ..models.configuration import ARCHITECTURES, AdaptiveDSConfig
-from ..presets import PRESETS, RENAMED_VARIANTS, VARIANTS, model_config, variant_overrides
+from ..presets import ARCHITECTURES, NO_PRESET_SEQ_LEN, PRESETS, RENAMED_VARIANTS, VARIANTS, variant_overrides
 from .controller import ControllerSettings, controller_settings
 
-__all__ = ["ConfigError", "RunSettings", "build_parser", "check_precision", "parse", "settings_markdown", "validate"]
+if TYPE_CHECKING:
+    from ..models.configuration import AdaptiveDSConfig
+    from ..presets import ArchVariant
+
+__all__ = ["ConfigError", "RunSettings", "build_parser", "check_precision", "parse", "preflight", "settings_markdown",
+           "validate"]
 
 NAMESPACE = "adaptive_ds"
 ACCELERATE_DS_CONFIG = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # set by `accelerate launch` with the DeepSpeed plugin
@@ -56,10 +63,11 @@ class RunSettings:
 
     preset: str = setting("debug", "model size (adaptive_ds/presets.py)", choices=tuple(PRESETS))
     arch: str = setting("dense", "architecture", choices=ARCHITECTURES)
-    data: str = setting(EMBEDDED, f"'{EMBEDDED}' (the built-in corpus; '{EMBEDDED}:hard' its hard tier), a prepared "
-                                  "directory (python -m adaptive_ds.data.prepare), a mixture 0.7:DIR_A,0.3:DIR_B, or "
-                                  "local files (.jsonl, .json.gz, .parquet, .txt; a glob or folder) or a Hub dataset "
-                                  "to stream")
+    # adaptive_ds.data.EMBEDDED, spelt here because that package imports torch (a test keeps the two the same)
+    data: str = setting("embedded", "'embedded' (the built-in corpus; 'embedded:hard' its hard tier), a prepared "
+                                    "directory (python -m adaptive_ds.data.prepare), a mixture 0.7:DIR_A,0.3:DIR_B, or "
+                                    "local files (.jsonl, .json.gz, .parquet, .txt; a glob or folder) or a Hub dataset "
+                                    "to stream")
     data_workers: int = setting(1, "DataLoader worker processes that make batches ahead of the loop (0: in the "
                                    "loop)", at_least=0)
     data_config: str | None = setting(None, "Hub dataset config, e.g. en for allenai/c4")
@@ -125,7 +133,7 @@ class RunSettings:
                                           "ds_config must agree; none named: the preset of that shape, else none, "
                                           "and the run claims none), seq_len is the preset's up to its "
                                           "max_position_embeddings (no preset: max_position_embeddings up to "
-                                          f"{pretrained.NO_PRESET_SEQ_LEN}), its tokenizer must be the data's; a "
+                                          f"{NO_PRESET_SEQ_LEN}), its tokenizer must be the data's; a "
                                           "dense model starts moe, mod or hybrid upcycled (adaptive_ds/pretrained.py); "
                                           "a fresh optimizer, schedule and data position")
     upcycle_noise: float = setting(0.0, "with init_from a dense model and arch moe or hybrid: each expert copy's "
@@ -267,7 +275,10 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
     """Collect every problem and raise once, naming the valid choices. `preset_named`: the preset was named (on the
     command line or in the ds_config), so that with `init_from` it must agree with the folder's shape (else it
     becomes the preset of that shape: `init_from_check`)."""
-    problems = _field_problems(settings)
+    # these import torch: here, not with this module (its docstring says why)
+    from ..data import source_problems
+
+    problems = _settings_problems(settings, ds_config, world_size)
     init_model = None
     if isinstance(settings.init_from, str) and isinstance(settings.model, dict) and settings.arch in ARCHITECTURES:
         init_model, found = init_from_check(settings, preset_named)
@@ -276,6 +287,32 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
         problems.append(_noise_needs(settings))
     if isinstance(settings.data, str):
         problems += source_problems(settings.data)
+    model = init_model if settings.init_from is not None else _model(settings, problems)
+    layout_problems = ds_config_reader.problems(ds_config, world_size)
+    micro = settings.micro_batch
+    resuming = settings.output_dir is not None and _holds_a_checkpoint(settings.output_dir)
+    # a resume keeps its checkpoint's global batch, so the rows it splits are known only then (the trainer checks)
+    if isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1 and not layout_problems and not resuming:
+        rows = ds_config_reader.read(ds_config).rows_per_rank_step
+        if rows % micro:
+            divisors = [d for d in range(1, rows + 1) if rows % d == 0]
+            problems.append(f"micro_batch {micro} does not divide the {rows} rows each process trains per step; "
+                            f"valid choices: {', '.join(map(str, divisors))}")
+    if model is not None and model.uses_moe and not layout_problems:
+        if ds_config_reader.read(ds_config).zero_stage == 3:
+            problems.append(f"arch {settings.arch} uses DeepSpeed MoE, which does not run under ZeRO-3; "
+                            "use zero_optimization stage 1 or 2 (with expert parallelism)")
+        if world_size % model.moe_ep_size:
+            problems.append(f"moe_ep_size {model.moe_ep_size} does not divide the world size {world_size}; pass "
+                            f"an --ep_size that divides the number of processes")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _settings_problems(settings: RunSettings, ds_config: dict, world_size: int) -> list[str]:
+    """The problems found without the model, the data or `init_from` (what `preflight` checks): each setting's type,
+    choices and bounds, the controller's keys, the variant against the arch and the ds_config's own sections."""
+    problems = _field_problems(settings)
     micro = settings.micro_batch
     if micro is not None and micro != "auto" and not (isinstance(micro, int) and not isinstance(micro, bool)
                                                       and micro >= 1):
@@ -296,34 +333,23 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
             except ValueError as e:
                 controller.append(str(e))
         problems += controller
-    model = init_model if settings.init_from is not None else _model(settings, problems)
-    layout_problems = ds_config_reader.problems(ds_config, world_size)
-    problems += layout_problems
-    resuming = settings.output_dir is not None and _holds_a_checkpoint(settings.output_dir)
-    # a resume keeps its checkpoint's global batch, so the rows it splits are known only then (the trainer checks)
-    if isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1 and not layout_problems and not resuming:
-        rows = ds_config_reader.read(ds_config).rows_per_rank_step
-        if rows % micro:
-            divisors = [d for d in range(1, rows + 1) if rows % d == 0]
-            problems.append(f"micro_batch {micro} does not divide the {rows} rows each process trains per step; "
-                            f"valid choices: {', '.join(map(str, divisors))}")
-    if model is not None and model.uses_moe and not layout_problems:
-        if ds_config_reader.read(ds_config).zero_stage == 3:
-            problems.append(f"arch {settings.arch} uses DeepSpeed MoE, which does not run under ZeRO-3; "
-                            "use zero_optimization stage 1 or 2 (with expert parallelism)")
-        if world_size % model.moe_ep_size:
-            problems.append(f"moe_ep_size {model.moe_ep_size} does not divide the world size {world_size}; pass "
-                            f"an --ep_size that divides the number of processes")
-    variant = VARIANTS.get(settings.variant) if isinstance(settings.variant, str) else None
-    if variant is not None and variant.arch != settings.arch:
+    problems += ds_config_reader.problems(ds_config, world_size)
+    variant = _variant_of_another_arch(settings)
+    if variant is not None:
         same = [name for name, v in VARIANTS.items() if v.arch == settings.arch]
         problems.append(f"variant {settings.variant} is a {variant.arch} variant, and arch is {settings.arch}; leave "
                         f"arch out (the variant names it) or pick a {settings.arch} variant: {', '.join(same)}")
     if "optimizer" not in ds_config:
         problems.append("the ds_config has no 'optimizer' block; add e.g. "
                         '{"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}}')
-    if problems:
-        raise ConfigError("; ".join(problems))
+    return problems
+
+
+def _variant_of_another_arch(settings: RunSettings) -> ArchVariant | None:
+    """The variant named, where it is one of another architecture than the run's (its fields then are not the arch's,
+    and that is the one problem to name); None otherwise."""
+    variant = VARIANTS.get(settings.variant) if isinstance(settings.variant, str) else None
+    return variant if variant is not None and variant.arch != settings.arch else None
 
 
 def _holds_a_checkpoint(output_dir: str) -> bool:
@@ -334,6 +360,9 @@ def _holds_a_checkpoint(output_dir: str) -> bool:
 
 def _model(settings: RunSettings, problems: list[str]) -> AdaptiveDSConfig | None:
     """The model configuration the run will build (its vocabulary aside), or None after adding its problems."""
+    from ..models.configuration import AdaptiveDSConfig
+    from ..presets import model_config
+
     if not isinstance(settings.model, dict) or settings.preset not in PRESETS or settings.arch not in ARCHITECTURES:
         return None  # already reported
     valid = {f.name for f in fields(AdaptiveDSConfig)}
@@ -367,7 +396,9 @@ def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[Adaptive
     """With `init_from`: the model the run will build from the folder (its vocabulary aside) and the folder's problems,
     one line each (`pretrained.Source.problems`); without a named preset, `settings.preset` becomes the preset of
     the folder's shape, or None where no preset has it (the run then claims no preset, and its seq_len is the
-    folder's max_position_embeddings up to `pretrained.NO_PRESET_SEQ_LEN`)."""
+    folder's max_position_embeddings up to `NO_PRESET_SEQ_LEN`)."""
+    from .. import pretrained
+
     try:
         source = pretrained.Source.open(settings.init_from)
     except ValueError as error:
@@ -395,6 +426,26 @@ def check_precision(ds_config: dict, capability: tuple[int, int] | None) -> None
 
 def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
     """The run's settings (block, then flags) and the ds_config DeepSpeed gets (without our block)."""
+    settings, ds_config, preset_named = _read(argv)
+    validate(settings, ds_config, world_size, preset_named)
+    return settings, ds_config
+
+
+def preflight(argv: list[str] | None, world_size: int) -> None:
+    """What `parse` checks without importing torch, transformers or DeepSpeed: the flags (argparse exits with status
+    2 and one line), the ds_config (it exists, is JSON, its block's keys and batch sizes are valid, it has an
+    optimizer) and every setting's type, choices and bounds. The training command runs it before it imports them
+    (training/__main__.py), so that such a mistake answers in a second rather than after the imports; `parse` then
+    checks everything again with the model, the data and `init_from`. ConfigError names every problem in one line."""
+    settings, ds_config, _ = _read(argv, warn=False)  # `parse` warns of an old variant spelling, once
+    problems = _settings_problems(settings, ds_config, world_size)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _read(argv: list[str] | None, warn: bool = True) -> tuple[RunSettings, dict, bool]:
+    """The settings (the block, the flags over it, a variant's overrides under them), the ds_config without the block,
+    and whether a preset was named (on the command line or in the block)."""
     args = build_parser().parse_args(argv)
     if args.ds_config is None:
         raise ConfigError("no --ds_config given (and no deepspeed_config_file from accelerate); pass a JSON file, "
@@ -415,28 +466,27 @@ def parse(argv: list[str] | None, world_size: int) -> tuple[RunSettings, dict]:
         settings.model = {**settings.model, "moe_ep_size": args.ep_size}
     if isinstance(settings.variant, str) and isinstance(settings.model, dict) and isinstance(settings.controller, dict):
         # an arch set where the variant is, or over it, must agree with it; a --variant flag replaces the block's arch
-        _apply_variant(settings, arch_given=args.arch is not None or (args.variant is None and "arch" in block))
-    preset_named = args.preset is not None or "preset" in block
+        _apply_variant(settings, arch_given=args.arch is not None or (args.variant is None and "arch" in block),
+                       warn=warn)
     if isinstance(settings.init_from, str) and args.tokenizer is None:
         # streamed text: the folder's tokenizer, which comes with the weights (over a ds_config's bpe:N, say)
         settings.tokenizer = settings.init_from
-    validate(settings, ds_config, world_size, preset_named)
-    return settings, ds_config
+    return settings, ds_config, args.preset is not None or "preset" in block
 
 
-def _apply_variant(settings: RunSettings, arch_given: bool) -> None:
+def _apply_variant(settings: RunSettings, arch_given: bool, warn: bool = True) -> None:
     """`variant`: its architecture where no arch is given (validate() refuses a variant of another one), then its
     model and controller overrides under the explicit ones. A renamed variant's old spelling means what it meant,
-    with one warning that names the new spelling."""
+    with one warning that names the new spelling (none where `warn` is false)."""
     name = settings.variant
+    log = logger.warning if warn else logger.debug
     if name in RENAMED_VARIANTS:
         new = VARIANTS[RENAMED_VARIANTS[name]]
         if arch_given and settings.arch == "hybrid":  # the old spelling set MoD fields, which the hybrid has too
-            logger.warning("--variant %s is deprecated; with arch hybrid it is --model '%s'", name,
-                           json.dumps(new.model))
+            log("--variant %s is deprecated; with arch hybrid it is --model '%s'", name, json.dumps(new.model))
             settings.variant, settings.model = None, {**new.model, **settings.model}
             return
-        logger.warning("--variant %s is deprecated; it is now spelt --variant %s", name, RENAMED_VARIANTS[name])
+        log("--variant %s is deprecated; it is now spelt --variant %s", name, RENAMED_VARIANTS[name])
         settings.variant = name = RENAMED_VARIANTS[name]
     if name not in VARIANTS:
         return  # validate() names the valid choices

@@ -52,7 +52,7 @@ def test_every_example_is_tested():
 def test_finetune_peft_trains_lora_adapters_and_merges_them(workdir):
     from transformers import AutoModelForCausalLM
 
-    import adaptive_ds  # noqa: F401  (the Auto classes)
+    import adaptive_ds.models  # noqa: F401  (the Auto classes)
 
     texts = workdir / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": f"[count] {' '.join(str((i + k) % 10) for k in range(12))}"}) + "\n"

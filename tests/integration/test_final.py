@@ -46,9 +46,9 @@ save_file(results, out_file)
 print(json.dumps({"modules": modules, "hidden_loaded": loaded_hidden()}))
 """
 
-# The Auto classes that importing adaptive_ds registers, without trust_remote_code.
+# The Auto classes that importing adaptive_ds.models registers, without trust_remote_code.
 REGISTERED = """
-import adaptive_ds
+import adaptive_ds.models
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 repo = "OWNER/NAME"

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers.common import DEBUG_CPU, ROOT
 
+from adaptive_ds import data
 from adaptive_ds.presets import model_config
 from adaptive_ds.training.arguments import ConfigError, RunSettings, build_parser, parse, settings_markdown
 
@@ -227,3 +228,8 @@ def test_the_mod_model_a_run_builds(argv, capacity, interval):
     settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", *argv], 1)
     config = model_config(settings.preset, settings.arch, 128, **settings.model)  # as the training loop builds it
     assert (config.mod_capacity, config.mod_layer_interval) == (capacity, interval)
+
+
+def test_the_settings_default_data_is_the_embedded_corpus():
+    """arguments.py spells it (adaptive_ds.data imports torch, which the settings must not)."""
+    assert RunSettings().data == data.EMBEDDED

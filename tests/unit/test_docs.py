@@ -24,6 +24,7 @@ import pytest
 import yaml
 from helpers.common import DEBUG_CPU, ROOT
 
+from adaptive_ds import data
 from adaptive_ds.cli import COMMANDS
 from adaptive_ds.presets import PRESETS
 from adaptive_ds.training import arguments
@@ -76,7 +77,7 @@ def parse_only(monkeypatch, tmp_path):
         raise _Parsed(original(self, args, namespace))
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
-    monkeypatch.setattr(arguments, "source_problems", lambda source: [])
+    monkeypatch.setattr(data, "source_problems", lambda source: [])  # imported by arguments.validate when it runs
     monkeypatch.setattr(arguments, "init_from_check", lambda settings, preset_named: (None, []))  # nor --init_from's
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["check"])

@@ -108,3 +108,13 @@ def test_cli_prints_every_preset_and_arch(capsys):
     assert 'moe:noaux           moe     {"router_aux_loss_coef": 0.0} controller {"moe_balance": false}' in lines
     assert sum(line.split()[:1] == [name] for name in VARIANTS for line in lines) == len(VARIANTS)
     assert "mod_paper -> mod:paper, mod_half -> mod:half" in out
+
+
+def test_the_architectures_the_settings_know_are_the_models():
+    """presets.ARCHITECTURES (read by the run's settings before torch is imported) and the model configuration's own
+    tuple (which a final/ folder's copy of the model code needs) are the same, in the same order."""
+    from adaptive_ds import presets
+    from adaptive_ds.models import configuration
+
+    assert presets.ARCHITECTURES == configuration.ARCHITECTURES == ARCHITECTURES
+    assert all(VARIANTS[arch].arch == arch for arch in ARCHITECTURES)  # each architecture's defaults have an entry
