@@ -277,8 +277,11 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
     becomes the preset of that shape: `init_from_check`)."""
     # these import torch: here, not with this module (its docstring says why)
     from ..data import source_problems
+    from ..models.configuration import unused_fields
 
     problems = _settings_problems(settings, ds_config, world_size)
+    if isinstance(settings.model, dict) and settings.arch in ARCHITECTURES and not _variant_of_another_arch(settings):
+        problems += unused_fields(settings.arch, settings.model)  # e.g. mod_capacity for dense would change nothing
     init_model = None
     if isinstance(settings.init_from, str) and isinstance(settings.model, dict) and settings.arch in ARCHITECTURES:
         init_model, found = init_from_check(settings, preset_named)

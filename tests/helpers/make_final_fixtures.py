@@ -21,9 +21,10 @@ from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.training import train
 
 TINY = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "num_local_experts": 4}
-OPTIONS = {"dense": {}, "mod": {}, "moe": {"moe_use_residual": True},
-           "hybrid": {"moe_shared_experts": 1, "moe_balancing": "bias", "moe_bias_update_rate": 0.01}}
+        "num_key_value_heads": 2}
+OPTIONS = {"dense": {}, "mod": {}, "moe": {"num_local_experts": 4, "moe_use_residual": True},
+           "hybrid": {"num_local_experts": 4, "moe_shared_experts": 1, "moe_balancing": "bias",
+                      "moe_bias_update_rate": 0.01}}
 KEPT = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 

@@ -9,8 +9,11 @@ from dataclasses import fields
 import pytest
 import torch
 from helpers.common import DEBUG_CPU, ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adaptive_ds import data
+from adaptive_ds.models.configuration import MOD_FIELDS, MOE_FIELDS, AdaptiveDSConfig
 from adaptive_ds.presets import model_config
 from adaptive_ds.training.arguments import ConfigError, RunSettings, build_parser, parse, settings_markdown
 
@@ -46,7 +49,8 @@ def test_every_setting_has_its_flag_and_nothing_else_does():
 
 
 def test_flags_that_only_the_block_had_before_override_it(tmp_path):
-    path = _config(tmp_path, block={"compile": True, "model": {"moe_ep_size": 1, "router_aux_loss_coef": 0.02}})
+    path = _config(tmp_path, block={"arch": "moe", "compile": True,
+                                    "model": {"moe_ep_size": 1, "router_aux_loss_coef": 0.02}})
     settings, _ = parse(["--ds_config", path, "--text_field", "body", "--min_lr_ratio", "0.05", "--log_steps", "3",
                          "--no-compile", "--tokens", "5000", "--model", '{"router_aux_loss_coef": 0.05}',
                          "--controller", '{"spike_sigma": 4}', "--ep_size", "1"], 1)
@@ -228,6 +232,47 @@ def test_the_mod_model_a_run_builds(argv, capacity, interval):
     settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", "mod", *argv], 1)
     config = model_config(settings.preset, settings.arch, 128, **settings.model)  # as the training loop builds it
     assert (config.mod_capacity, config.mod_layer_interval) == (capacity, interval)
+
+
+def _defaults(names) -> dict:
+    """Each field at AdaptiveDSConfig's default: a value of the right type, valid for the architectures that read it."""
+    return {name: AdaptiveDSConfig.__dataclass_fields__[name].default for name in names}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([("mod", MOD_FIELDS, ("dense", "moe")), ("MoE", MOE_FIELDS, ("dense", "mod"))]).flatmap(
+    lambda kind: st.tuples(st.just(kind[0]), st.lists(st.sampled_from(kind[1]), min_size=1, max_size=3, unique=True),
+                           st.sampled_from(kind[2]))))
+def test_a_model_field_of_an_architecture_the_run_has_not_is_refused_in_one_line(case):
+    """Any MoD field with dense or moe, any MoE field with dense or mod: the line names the fields, the run's arch and
+    the architectures that read them (before, dense trained on with its MoD fields ignored)."""
+    kind, names, arch = case
+    with pytest.raises(ConfigError) as error:
+        parse(["--ds_config", DEBUG_CPU, "--arch", arch, "--model", json.dumps(_defaults(names))], 1)
+    readers = "mod and hybrid (MoD routing)" if kind == "mod" else "moe and hybrid (experts)"
+    assert str(error.value) == f"model field(s) {', '.join(names)} apply to arch {readers}, not to arch {arch}"
+
+
+@pytest.mark.parametrize(("arch", "names"), [("mod", MOD_FIELDS), ("hybrid", MOD_FIELDS), ("moe", MOE_FIELDS),
+                                             ("hybrid", MOE_FIELDS)])
+def test_the_fields_of_an_architecture_are_taken_by_it(arch, names):
+    settings, _ = parse(["--ds_config", DEBUG_CPU, "--arch", arch, "--model", json.dumps(_defaults(names))], 1)
+    assert set(names) <= set(settings.model)
+
+
+@pytest.mark.parametrize(("argv", "config_changes", "message"), [
+    (["--arch", "dense", "--model", '{"mod_capacity": 2}'], {},
+     "model field(s) mod_capacity apply to arch mod and hybrid (MoD routing), not to arch dense"),
+    (["--arch", "mod", "--ep_size", "2"], {},
+     "model field(s) moe_ep_size apply to arch moe and hybrid (experts), not to arch mod"),
+    ([], {"block": {"model": {"num_experts_per_tok": 1, "mod_layer_interval": 2}}},
+     "model field(s) num_experts_per_tok apply to arch moe and hybrid (experts), not to arch dense; model field(s) "
+     "mod_layer_interval apply to arch mod and hybrid (MoD routing), not to arch dense"),
+])
+def test_the_docs_example_and_both_kinds_at_once(tmp_path, argv, config_changes, message):
+    with pytest.raises(ConfigError) as error:
+        parse(["--ds_config", _config(tmp_path, **config_changes), *argv], 1)
+    assert str(error.value) == message
 
 
 def test_the_settings_default_data_is_the_embedded_corpus():

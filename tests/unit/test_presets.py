@@ -118,3 +118,15 @@ def test_the_architectures_the_settings_know_are_the_models():
 
     assert presets.ARCHITECTURES == configuration.ARCHITECTURES == ARCHITECTURES
     assert all(VARIANTS[arch].arch == arch for arch in ARCHITECTURES)  # each architecture's defaults have an entry
+
+
+def test_every_moe_and_mod_field_is_known_as_one():
+    """A new moe_* or mod_* field joins its architectures' fields, so that a run refuses it on an arch without them."""
+    from dataclasses import fields
+
+    from adaptive_ds.models.configuration import MOD_FIELDS, MOE_FIELDS
+
+    names = {f.name for f in fields(AdaptiveDSConfig)}
+    assert {n for n in names if n.startswith("moe_")} <= set(MOE_FIELDS) <= names
+    assert {n for n in names if n.startswith("mod_")} == set(MOD_FIELDS)
+    assert {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef"} <= set(MOE_FIELDS)
