@@ -1,4 +1,6 @@
 # Two commands: `make train` (set up, then the default debug run on the embedded corpus) and `make test`.
+# ARGS goes to the training command, after the shipped config (its flags override the config's block):
+#   make train ARGS="--max_steps 100 --output_dir runs/x"
 #
 # torch is installed first, pinned: pip takes a CPU build of 2.13.0 where one is on its path (a local wheel or
 # index), and PyPI's 2.13.0 wheel, a CUDA build, elsewhere. For a small CPU build from PyTorch's own index:
@@ -6,6 +8,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+ARGS ?=
 BIN := $(VENV)/bin
 # DeepSpeed JIT-builds a few ops on first use; keep them with this checkout's virtualenv, so that two
 # checkouts (or two virtualenvs) never rebuild over each other's cache.
@@ -22,7 +25,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 train: setup
-	$(BIN)/deepspeed launchers/train.py --ds_config ds_configs/debug_cpu.json
+	$(BIN)/deepspeed launchers/train.py --ds_config ds_configs/debug_cpu.json $(ARGS)
 
 # One pytest worker per core (at most 8): most tests wait on process start-up and single-threaded Python, so two
 # workers on two cores finish in about half the time; worksteal evens out the long end-to-end tests.

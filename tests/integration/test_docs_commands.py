@@ -47,6 +47,19 @@ def test_the_make_targets_are_found():
     assert {"train", "test"} <= set(_make_targets())
 
 
+def test_make_train_passes_ARGS_to_the_training_command():
+    """`make train ARGS="..."` (README's quick start): the flags follow the shipped config, so they override its
+    block, and a stopped run's line ("rerun the same command with --output_dir ...") is a make command too."""
+    outer = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    done = subprocess.run(["make", "-n", "train", "ARGS=--max_steps 3 --output_dir runs/x"], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (command,) = [line for line in done.stdout.splitlines() if "launchers/train.py" in line]
+    assert command.endswith("deepspeed launchers/train.py --ds_config ds_configs/debug_cpu.json --max_steps 3 "
+                            "--output_dir runs/x"), command
+
+
 def _run_block(body: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     """`body` as a bash script in `cwd`, with the test's Python first on PATH; the whole process group is killed if
     it outlives `timeout`."""

@@ -155,6 +155,11 @@ def _check(words: list[str]) -> None:
         targets = [w for w in rest if "=" not in w and not w.startswith("-")]
         defined = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
         assert targets and set(targets) <= defined, f"make {targets}: the Makefile defines {sorted(defined)}"
+        passed = [w.removeprefix("ARGS=") for w in rest if w.startswith("ARGS=")]
+        if passed:  # flags for `make train`'s training command, after the ds_config its recipe names
+            assert targets == ["train"], targets
+            recipe = re.search(r"launchers/train\.py (.*) \$\(ARGS\)", (ROOT / "Makefile").read_text()).group(1)
+            _train([*shlex.split(recipe), *shlex.split(passed[0])], 1)
         return  # what the target runs: `make -n`, tests/integration/test_docs_commands.py
     if head in SHELL:
         return
