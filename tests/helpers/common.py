@@ -100,11 +100,21 @@ def ends_within(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
+# What a script a test runs as a user would takes from the test's environment: where programs, the package, the
+# caches and temporary files are (the JIT-built ops and the test run's corpus figures are shared), the locale, the
+# GPUs, the thread share of a pytest worker and the Hub's offline switches. Nothing else: a variable of the caller's
+# shell (OUT, DS_CONFIG, MASTER_PORT, an example's own ADAPTIVE_DS_OUT, a launcher's RANK) never reaches the script.
+SCRIPT_ENVIRONMENT = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH",
+                      "TORCH_EXTENSIONS_DIR", "ADAPTIVE_DS_CACHE", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                      "CUDA_HOME", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_OFFLINE",
+                      "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
 def script_env(**extra) -> dict:
-    """This environment for a script a test runs as a user would: no launcher's variables, the test's Python first
-    on PATH, unbuffered output."""
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONUNBUFFERED="1", **extra)
+    """An environment made from scratch for a script a test runs as a user would: `SCRIPT_ENVIRONMENT` from this
+    one, the test's Python first on PATH, unbuffered output, and `extra` (the script's own variables)."""
+    env = {k: os.environ[k] for k in SCRIPT_ENVIRONMENT if k in os.environ}
+    env.update(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", PYTHONUNBUFFERED="1", **extra)
     return env
 
 

@@ -20,9 +20,12 @@ FIXTURES = ROOT / "tests" / "fixtures" / "final"
 
 
 @pytest.fixture
-def workdir(tmp_path):
+def workdir(tmp_path, monkeypatch):
     for name in ("launchers", "ds_configs", "examples"):
         (tmp_path / name).symlink_to(ROOT / name)
+    # a caller's shell that holds variables of common names: the scripts run as they would without them
+    monkeypatch.setenv("OUT", "/nonexistent")
+    monkeypatch.setenv("DS_CONFIG", "bogus")
     return tmp_path
 
 
@@ -89,7 +92,7 @@ def test_own_data_prepares_the_files_and_trains_on_them(workdir):
     for part in range(2):
         pandas.DataFrame({"text": DOCS[part::2]}).to_parquet(corpus / f"part{part}.parquet")
     _run(["bash", "examples/own_data.sh", str(corpus), "--max_steps", "2", "--micro_batch", "2", "--eval_batches",
-          "1", "--log_steps", "1"], workdir, TOKENIZER="bpe:320", VALIDATION_SHARE="0.2")
+          "1", "--log_steps", "1"], workdir, ADAPTIVE_DS_TOKENIZER="bpe:320", ADAPTIVE_DS_VALIDATION_SHARE="0.2")
     manifest = json.loads((workdir / "runs" / "own_data" / "prepared" / "manifest.json").read_text())
     summary = json.loads((workdir / "runs" / "own_data" / "run" / "summary.json").read_text())
     assert manifest["train"]["documents"] + manifest["validation"]["documents"] == len(DOCS)
@@ -142,8 +145,8 @@ def test_torchrun_two_nodes_trains_one_run_of_two_processes(workdir):
     port = str(free_port())
     out = workdir / "runs" / "two_nodes"
     flags = ["--max_steps", "2", "--eval_batches", "1", "--log_steps", "1", "--output_dir", str(out)]
-    nodes = [_start(["bash", "examples/torchrun_two_nodes.sh", *flags], workdir, NODE_RANK=str(rank),
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port) for rank in (0, 1)]
+    nodes = [_start(["bash", "examples/torchrun_two_nodes.sh", *flags], workdir, ADAPTIVE_DS_NODE_RANK=str(rank),
+                    ADAPTIVE_DS_MASTER_ADDR="127.0.0.1", ADAPTIVE_DS_MASTER_PORT=port) for rank in (0, 1)]
     try:
         for node in nodes:
             _finish(node, timeout=600)
@@ -162,7 +165,7 @@ def test_init_from_llama_continues_a_stock_llama_and_upcycles_it_to_moe(workdir)
 
     llama = llama_folder(workdir / "llama", shape=DEBUG)  # the debug preset's shape, the embedded corpus's tokenizer
     _run(["bash", "examples/init_from_llama.sh", str(llama), "embedded", "--max_steps", "2", "--warmup_steps", "1",
-          "--eval_batches", "1", "--log_steps", "1"], workdir, DS_CONFIG="ds_configs/debug_cpu.json")
+          "--eval_batches", "1", "--log_steps", "1"], workdir, ADAPTIVE_DS_DS_CONFIG="ds_configs/debug_cpu.json")
     dense = json.loads((workdir / "runs" / "from_llama" / "dense" / "summary.json").read_text())
     moe = json.loads((workdir / "runs" / "from_llama" / "moe" / "summary.json").read_text())
     assert (dense["arch"], moe["arch"]) == ("dense", "moe") and dense["steps"] == moe["steps"] == 2
