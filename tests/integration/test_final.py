@@ -103,7 +103,7 @@ def test_final_folders_load_and_generate_with_torch_and_transformers_alone(tmp_p
 
 
 @pytest.mark.slow  # a second interpreter
-def test_the_auto_classes_importing_adaptive_ds_registers_load_final_folders_without_deepspeed(tmp_path):
+def test_the_auto_classes_importing_adaptive_ds_models_registers_load_final_folders_without_deepspeed(tmp_path):
     folders = [FIXTURES / arch for arch in ARCHITECTURES]
     modules, results = _load_in_subprocess(tmp_path, folders, ("deepspeed",), REGISTERED)
     assert modules == ["adaptive_ds.models.modeling"] * 4
