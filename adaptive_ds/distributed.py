@@ -118,12 +118,13 @@ def restart_round_store(timeout: timedelta, poll_s: float = 0.05) -> dist.Store:
                     nonce = base.get(f"{_ROUND}/hello/{peer}").decode()
                     base.set(f"{_ROUND}/answer/{nonce}", token)
                     waiting.discard(peer)
-            _wait_until(deadline, poll_s, f"ranks {sorted(waiting)} of this restart round", waiting)
+            if waiting:
+                _pause(deadline, poll_s, f"ranks {sorted(waiting)} of this restart round")
     else:
         nonce = uuid.uuid4().hex
         while not base.check([f"{_ROUND}/answer/{nonce}"]):
             base.set(f"{_ROUND}/hello/{rank}", nonce)
-            _wait_until(deadline, poll_s * 4, "rank 0 of this restart round", True)
+            _pause(deadline, poll_s * 4, "rank 0 of this restart round")
         token = base.get(f"{_ROUND}/answer/{nonce}").decode()
     return dist.PrefixStore(f"{_ROUND}/{token}/", base)
 
@@ -148,9 +149,8 @@ def restart_counts(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
     return counts
 
 
-def _wait_until(deadline: float, pause_s: float, whom: str, waiting) -> None:
-    if not waiting:
-        return
+def _pause(deadline: float, pause_s: float, whom: str) -> None:
+    """Sleep `pause_s` before asking the store again, or raise once `deadline` has passed."""
     if time.monotonic() > deadline:
         raise dist.DistStoreError(f"no answer from {whom} within the collective timeout")
     time.sleep(pause_s)

@@ -25,6 +25,7 @@ import psutil
 
 from .arguments import ConfigError, preflight
 from .controller import TrainingStopped
+from .launcher_watch import LauncherWatch
 
 
 class Terminated(BaseException):
@@ -69,6 +70,8 @@ def _stopped(what: str) -> str:
 def main(argv: list[str] | None = None, hooks=None) -> None:
     """`hooks`: test-only fault injection (tests/helpers/train_with_faults.py); None in every real run."""
     argv = sys.argv[1:] if argv is None else argv
+    # the launcher gone: stop as on SIGTERM (save, then exit), never train on alone; watched from before the imports
+    watch = LauncherWatch().start()
     try:
         preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))  # nothing has imported torch yet
     except ConfigError as error:
@@ -84,6 +87,8 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
         return
     except BaseException as error:
         stop = error
+    finally:
+        watch.stop()
     # Stopping. A signal already on its way can still raise once while the handlers change (Python runs a pending
     # handler as a function starts, and in signal.signal): it tells nothing new, so the change is just retried.
     while True:

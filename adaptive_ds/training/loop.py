@@ -51,7 +51,7 @@ from .engine import apply_knobs, build_engine, configured_knobs, discard_partial
 from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow, peak_memory, plot_losses, write_summary
 from .moe_adapter import expert_parallel_group
 from .output_dir import prepare_output_dir, write_identity
-from .stop import LauncherWatch, StopRequest, StopRequested
+from .stop import StopRequest, StopRequested
 from .validation import Validator
 
 logger = logging.getLogger(__name__)
@@ -609,10 +609,6 @@ def train(argv: list[str] | None = None, hub_api=None, process_started: float | 
     """
     distributed.setup_logging()
     clock = PhaseClock(process_started)
-    watch = LauncherWatch().start()  # the launcher gone: stop as on SIGTERM (save, then exit), never train on alone
-    try:
-        with clock.phase("setup"):
-            trainer = Trainer(argv, clock, hub_api, hooks)
-        return trainer.run()
-    finally:
-        watch.stop()
+    with clock.phase("setup"):
+        trainer = Trainer(argv, clock, hub_api, hooks)
+    return trainer.run()

@@ -18,9 +18,10 @@ import pytest
 from helpers.common import ROOT, free_port, script_env, write_ds_config
 
 from adaptive_ds.training.checkpoint import latest_tag
-from adaptive_ds.training.stop import is_launcher, launcher_chain
+from adaptive_ds.training.launcher_watch import is_launcher, launcher_chain
 
-# LauncherWatch asks for the stop within 1 s of the launcher's end; the ranks agree within two steps and save
+# LauncherWatch asks for the stop within 1 s of the launcher's end; the ranks agree within two steps (a fraction of
+# a second each here), save and exit: seconds. The bound leaves room for a loaded machine.
 STOPPED_WITHIN_S = 90
 
 
@@ -58,13 +59,13 @@ def test_workers_save_and_exit_when_their_launcher_is_gone(launcher, tmp_path):
         process = subprocess.Popen([*start, str(ROOT / "launchers" / "train.py"), "--ds_config", config,
                                     "--output_dir", str(out)], cwd=tmp_path, env=script_env(), stdout=sink,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-    started = [process.pid]
+    started = [psutil.Process(process.pid)]
     try:
         deadline = time.time() + 300
         while _logged_steps(out) < 2 and process.poll() is None and time.time() < deadline:
             time.sleep(0.1)
         workers = _workers(psutil.Process(process.pid))
-        started += [w.pid for w in workers]
+        started += workers
         assert len(workers) == 2 and process.poll() is None, log.read_text()[-3000:]
         assert [p.pid for p in launcher_chain(workers[0])][-1] == process.pid  # the chain reaches the user's process
 
@@ -73,15 +74,17 @@ def test_workers_save_and_exit_when_their_launcher_is_gone(launcher, tmp_path):
         gone, alive = psutil.wait_procs(workers, timeout=STOPPED_WITHIN_S)
         assert not alive, log.read_text()[-3000:]
     finally:
-        for pid in started:  # whatever is left of what this test started, by PID
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+        for leftover in started:  # whatever is left of what this test started (psutil checks the start time: a
+            try:                  # PID reused since is not killed)
+                if leftover.is_running():
+                    leftover.kill()
+            except psutil.NoSuchProcess:
                 pass
     text = log.read_text()
     tag = latest_tag(str(out))
     assert tag is not None, text[-3000:]
     step = int(tag.removeprefix("step"))
     assert 2 <= step < 2000
-    assert text.count(f"stopped by SIGTERM at step {step}, saved") == 2, text[-3000:]  # each rank's line
+    # rank 0's line at least: once rank 0 has exited, deepspeed's launch.py may stop rank 1 before it writes its own
+    assert f"stopped by SIGTERM at step {step}, saved" in text, text[-3000:]
     assert "the launcher (PID" in text

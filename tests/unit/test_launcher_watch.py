@@ -2,7 +2,7 @@
 
 import pytest
 
-from adaptive_ds.training.stop import is_launcher
+from adaptive_ds.training.launcher_watch import is_launcher
 
 PY = "/venv/bin/python"
 
@@ -14,6 +14,7 @@ PY = "/venv/bin/python"
     [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py"],
     [PY, "/venv/bin/accelerate", "launch", "--num_processes", "2", "train.py"],
     ["/venv/bin/torchrun", "--standalone", "train.py"],  # a console script started directly
+    [PY, "-W", "ignore", "-X", "faulthandler", "/venv/bin/deepspeed", "train.py"],  # interpreter options and values
 ])
 def test_launchers_are_recognised(cmdline):
     assert is_launcher(cmdline)
@@ -22,6 +23,7 @@ def test_launchers_are_recognised(cmdline):
 @pytest.mark.parametrize("cmdline", [
     [PY, "-u", "launchers/train.py", "--local_rank=0"],  # a worker
     [PY, "launchers/train.py", "--ds_config", "ds_configs/deepspeed.json"],  # a flag's value is no launcher
+    [PY, "-W", "torchrun", "train.py"],  # an interpreter option's value is no launcher
     ["bash", "-c", "torchrun train.py"],  # a shell that started one
     ["/usr/bin/srun", "torchrun", "train.py"],  # Slurm's own launcher stops its steps itself
     ["slurmstepd: [12.0]"],
