@@ -79,7 +79,8 @@ def run_command(args: list[str], timeout: int = 600, **env) -> subprocess.Comple
     """Run a command from the repository root with the test's Python first on PATH (and a launcher on a port
     of its own)."""
     args = with_free_port(args)
-    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES
+                 and not k.startswith(("SLURM_", "TORCHELASTIC_"))}  # they name a run's directory, its counts
     full_env = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                 "PYTHONUNBUFFERED": "1", **env}
     return subprocess.run(args, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)

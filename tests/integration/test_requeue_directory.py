@@ -12,12 +12,12 @@ from helpers.common import ROOT, script_env, write_ds_config
 from adaptive_ds.training.checkpoint import latest_tag
 
 
-@pytest.mark.slow
 def _run(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, env=script_env(**env), capture_output=True, text=True,
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_a_requeued_job_resumes_in_its_own_directory(tmp_path):
     config = write_ds_config(tmp_path, 2, 1, max_steps=5, warmup_steps=1, save_steps=2, log_steps=1)
     faults = json.dumps({"kill_before_step": 4})

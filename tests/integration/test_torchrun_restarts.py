@@ -43,13 +43,14 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault, rendezvous", [
-    ("kill", "c10d"),  # the c10d rendezvous with an id of the user's: the run directory is named after it
-    ("raise", "static"),  # torchrun's default rendezvous, --output_dir given
-    ("data_worker", "static-none"),  # the default rendezvous id "none": the agent's store keeps the directory
+@pytest.mark.parametrize("fault, rank, rendezvous", [
+    ("kill", 1, "c10d"),  # the c10d rendezvous with an id of the user's: the run directory is named after it
+    # rank 0: the writer of metrics.jsonl, the one that answers the round's handshake and picks the directory
+    ("raise", 0, "static"),  # torchrun's default rendezvous, --output_dir given
+    ("data_worker", 1, "static-none"),  # the default rendezvous id "none": the agent's store keeps the directory
 ])
-def test_a_restarted_run_continues_from_its_checkpoint(fault, rendezvous, tmp_path, uninterrupted):
-    args = [WITH_FAULT, fault, str(FAULT_STEP), "1", "--ds_config", _ds_config(tmp_path)]
+def test_a_restarted_run_continues_from_its_checkpoint(fault, rank, rendezvous, tmp_path, uninterrupted):
+    args = [WITH_FAULT, fault, str(FAULT_STEP), str(rank), "--ds_config", _ds_config(tmp_path)]
     if rendezvous == "c10d":
         launch = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id", "job42"]
         out = tmp_path / "runs" / "debug-dense-job42"
