@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 # checkouts (or two virtualenvs) never rebuild over each other's cache.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: setup train test lint clean gpu-check
+.PHONY: setup train test golden lint clean gpu-check
 
 setup: $(VENV)/.installed
 
@@ -30,7 +30,11 @@ train: setup
 # One pytest worker per core (at most 8): most tests wait on process start-up and single-threaded Python, so two
 # workers on two cores finish in about half the time; worksteal evens out the long end-to-end tests.
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 8 --dist worksteal
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 8 --dist worksteal -m "not golden"
+
+# The recorded losses, bit for bit (tests/fixtures/golden_losses.json): a change to the training wing keeps them.
+golden: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 8 --dist worksteal -m golden
 
 # The GPU acceptance run (docs/hardware.md, "GPU acceptance"); a dry run of every stage on a machine without CUDA.
 gpu-check: setup

@@ -4,6 +4,9 @@ a 2-process run resumed on one process (tests/helpers/golden.py defines each onc
 test). A change meant to keep numerics keeps them equal; one meant to change them records the fixture again:
 
     python tests/helpers/golden.py record tests/fixtures/golden_losses.json
+
+The replays take minutes at one thread, so `make test` leaves them out (marker `golden`); `make golden` runs them,
+and a change to the training wing's code runs it before it is committed (docs/development.md).
 """
 
 import json
@@ -20,6 +23,7 @@ def test_the_fixture_holds_every_scenario_at_the_thread_count_the_commands_run_o
     assert FIXTURE["threads"] == golden.THREADS
 
 
+@pytest.mark.golden
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(golden.SCENARIOS))
 def test_a_scenario_trains_bit_for_bit_as_recorded(name, tmp_path):

@@ -23,13 +23,15 @@ HELPER = "tests/helpers/train_and_dump.py"
 # No dropped tokens: an expert's capacity depends on the tokens per rank, and with drops the same step on one
 # process and on two computes a (slightly) different loss by design, which would blur the continuation check.
 MODEL = {"num_hidden_layers": 2, "moe_drop_tokens": False}
+DENSE_MODEL = {"num_hidden_layers": 2}  # a MoE field is refused with dense
 TENSORS = ("weight", "fp32", "exp_avg", "exp_avg_sq")
 
 
 def _configs(directory, arch, data=None):
     """Two processes x micro 2 and one process x micro 2 x accumulation 2: the same global batch (a checkpoint
     resumes only with its batch layout). Checkpoints at steps 2 and 4."""
-    block = dict(arch=arch, max_steps=4, warmup_steps=1, save_steps=2, log_steps=1, model=MODEL,
+    block = dict(arch=arch, max_steps=4, warmup_steps=1, save_steps=2, log_steps=1,
+                 model=MODEL if arch in ("moe", "hybrid") else DENSE_MODEL,
                  **({"data": data} if data else {}))
     return write_ds_config(directory, 2, 1, **block), write_ds_config(directory, 2, 2, **block)
 
