@@ -2,7 +2,7 @@
 
     python -m adaptive_ds.generate MODEL "[arith] 7 * 8 =" --max_new_tokens 8 --temperature 0.8 --top_p 0.95
 
-MODEL is a save_pretrained folder (e.g. OUTPUT_DIR/final) or a checkpoint (see adaptive_ds.export.convert).
+MODEL is a save_pretrained folder (e.g. OUTPUT_DIR/final) or a checkpoint (see adaptive_ds.ds_checkpoint).
 Generation uses the KV cache; temperature 0 is greedy.
 """
 
@@ -13,8 +13,8 @@ import sys
 
 import torch
 
+from .ds_checkpoint import CheckpointError
 from .export.convert import load_any
-from .training.checkpoint import CheckpointError
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,7 +35,7 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..ds_config import ConfigError
-from . import TrainingData, _tensors
+from .loader import TrainingData, _tensors
 from .text import checked_text, document_rows, is_validation
 
 logger = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ partitions of every rank, through DeepSpeed's zero_to_fp32) and the one file per
 checkpoint layout writes from every expert-parallel rank. Weights are exported in the precision the module
 trained in (fp32 from ZeRO-3). SRC for a conversion is a checkpoint or a `save_pretrained` folder.
 
+Checkpoints are read by `adaptive_ds.ds_checkpoint` (no training code; DeepSpeed only for ZeRO-3's partitions).
 The adaptive_ds folder also carries the model's source files and an `auto_map` (`export.final.save_with_code`,
 as `final/` does), so users with torch and transformers alone (no deepspeed, no adaptive_ds) load it with
 `trust_remote_code=True`.
@@ -18,54 +19,23 @@ as `final/` does), so users with torch and transformers alone (no deepspeed, no 
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import logging
 import os
 import re
 import sys
 
 import torch
-from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
+from ..ds_checkpoint import CheckpointError, load_checkpoint
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
-from ..training.checkpoint import CheckpointError, resolve_tag_dir
 from .final import save_with_code
 
 logger = logging.getLogger(__name__)
 
 
-def load_checkpoint(path: str) -> tuple[AdaptiveDSForCausalLM, object]:
-    """The model (all experts, ep_size 1) and tokenizer of a DeepSpeed checkpoint written by the trainer."""
-    tag_dir = resolve_tag_dir(path)
-    try:
-        with open(os.path.join(tag_dir, "run.json")) as f:
-            run = json.load(f)
-        name = "mp_rank_00_model_states.pt"
-        if not os.path.exists(os.path.join(tag_dir, name)):
-            name = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO-3 writes one per rank
-        states = torch.load(os.path.join(tag_dir, name), map_location="cpu", weights_only=False)
-        if states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0) == 3:
-            # ZeRO-3 keeps each parameter only in its ranks' fp32 partitions: reassemble them
-            module = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(tag_dir), os.path.basename(tag_dir))
-        else:
-            module = states["module"]
-        for expert_file in sorted(glob.glob(os.path.join(tag_dir, "layer_*_expert_*_mp_rank_00_model_states.pt"))):
-            module.update(torch.load(expert_file, map_location="cpu", weights_only=False))
-    except (OSError, RuntimeError, EOFError, KeyError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {tag_dir!r} cannot be read ({type(e).__name__}: {e})") from None
-    config_dict = dict(run["identity"]["model"])
-    config_dict.pop("model_type", None)
-    config = AdaptiveDSConfig.from_dict({**config_dict, "moe_ep_size": 1})
-    model = AdaptiveDSForCausalLM(config)
-    model.load_state_dict(module, strict=True)
-    return model.to(next(iter(module.values())).dtype), AutoTokenizer.from_pretrained(
-        os.path.join(tag_dir, "tokenizer"))
-
-
 def load_any(path: str):
-    """A checkpoint (see `load_checkpoint`) or a save_pretrained folder of an adaptive_ds model."""
+    """A checkpoint (`ds_checkpoint.load_checkpoint`) or a save_pretrained folder of an adaptive_ds model."""
     if os.path.isfile(os.path.join(path, "config.json")):
         return AdaptiveDSForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     return load_checkpoint(path)

@@ -32,10 +32,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed
 from ..ds_config import read as read_ds_config
-from ..export import final  # the module, not its names: export.final imports training.moe_adapter in turn
 from ..export.hub import HubPusher, model_card
 from ..presets import PRESETS, parameter_counts
-from . import checkpoint, startup
+from . import checkpoint, final, startup
 from .arguments import ConfigError, parse
 from .controller import (
     Action,

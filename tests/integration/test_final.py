@@ -16,9 +16,9 @@ from helpers.hidden_packages import without
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from adaptive_ds.export.final import save_final
 from adaptive_ds.export.hub import model_card
 from adaptive_ds.models import ARCHITECTURES, AdaptiveDSForCausalLM
+from adaptive_ds.training.final import save_final
 
 FIXTURES = ROOT / "tests" / "fixtures" / "final"
 

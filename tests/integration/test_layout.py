@@ -2,6 +2,7 @@
 loads first), and every moved tool's old module path runs the tool, as `python -m` runs it."""
 
 import json
+import subprocess
 import sys
 
 from helpers.common import ROOT
@@ -63,3 +64,15 @@ def test_each_old_tool_path_runs_the_tool(run_command):
 def test_the_export_package_runs_as_a_module(run_command):
     done = run_command([sys.executable, "-m", "adaptive_ds.export", "--help"])
     assert done.returncode == 0 and "--to {adaptive_ds,llama,mixtral}" in done.stdout, done.stderr[-2000:]
+
+
+def test_exporting_and_sampling_load_neither_the_training_code_nor_deepspeed():
+    """As imported for real (the static check is tests/unit/test_layout.py): `python -m adaptive_ds.export` and
+    `python -m adaptive_ds.generate` leave DeepSpeed and adaptive_ds.training unloaded."""
+    probe = ("import sys, adaptive_ds.generate, adaptive_ds.export.__main__, adaptive_ds.export.hub\n"
+             "loaded = [m for m in sys.modules\n"
+             "          if m.split('.')[0] == 'deepspeed' or m.startswith('adaptive_ds.training')]\n"
+             "print(loaded)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

@@ -530,14 +530,14 @@ def test_the_readmes_expected_output_is_what_make_train_prints():
     """The last lines README.md shows for `make train` are the run's own formats, and its token count the default
     run's (600 steps of the debug config's rows at the debug preset's sequence length)."""
     from adaptive_ds import ds_config
-    from adaptive_ds.export import final
+    from adaptive_ds.training import final
     from adaptive_ds.training.loop import _describe
 
     readme = (ROOT / "README.md").read_text()
     block = next(body for lang, _, body, _ in _blocks(ROOT / "README.md") if lang == "text" and "summary:" in body)
     saved, summary, launcher = block.strip().splitlines()
     assert "saved the final model and tokenizer to %s" in Path(final.__file__).read_text()
-    assert saved.endswith("INFO adaptive_ds.export.final: saved the final model and tokenizer to "
+    assert saved.endswith("INFO adaptive_ds.training.final: saved the final model and tokenizer to "
                           "runs/debug-dense-.../final")
     settings, config = parse(["--ds_config", DEBUG_CPU], 1)
     tokens = settings.max_steps * ds_config.read(config).rows_per_rank_step * PRESETS[settings.preset].seq_len

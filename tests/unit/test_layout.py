@@ -65,7 +65,7 @@ def test_the_import_resolver_on_hand_worked_cases(tmp_path):
     assert {"adaptive_ds.tools.report", "adaptive_ds.tools.report.commit"} <= _imports(
         PACKAGE / "tools" / "grid.py")
     assert "adaptive_ds.markdown_sections.replace_section" in _imports(PACKAGE / "training" / "arguments.py")
-    assert "adaptive_ds.export.final" in _imports(PACKAGE / "training" / "loop.py")
+    assert "adaptive_ds.export.hub" in _imports(PACKAGE / "training" / "loop.py")
 
 
 @pytest.mark.parametrize(("alias", "tool"), ALIASES.items())
@@ -122,3 +122,126 @@ def test_a_unit_test_starts_no_process_and_builds_no_engine():
                  lambda: deepspeed.initialize(model=None)):
         with pytest.raises(AssertionError, match="it belongs in tests/integration"):
             call()
+
+
+# The layers of the library, lowest first: a module imports only from its own layer or below, and no two modules
+# import each other, directly or around a loop. The entry points (the CLI, the tools' old module paths, the
+# package's lazy facade) sit on top. The tools, above the library, are held to no cycle among themselves.
+LAYERS = [
+    {"adaptive_ds.markdown_sections", "adaptive_ds.hardware", "adaptive_ds.ds_config"},
+    {"adaptive_ds.models"},
+    {"adaptive_ds.presets", "adaptive_ds.flops"},
+    {"adaptive_ds.data", "adaptive_ds.distributed", "adaptive_ds.pretrained", "adaptive_ds.ds_checkpoint"},
+    {"adaptive_ds.export"},
+    {"adaptive_ds.training"},
+    {"adaptive_ds.generate"},
+    {"adaptive_ds.tools"},
+    {"adaptive_ds", "adaptive_ds.cli", "adaptive_ds.training.consolidate", *ALIASES},
+]
+
+
+def _layer(module: str) -> int:
+    """The layer of the longest name in LAYERS that is `module` or a package above it."""
+    best = max((name for layer in LAYERS for name in layer if module == name or module.startswith(name + ".")),
+               key=len)
+    return next(i for i, layer in enumerate(LAYERS) if best in layer)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (`from package import module` names the module, not the
+    package; function-level imports count: a lazy import is a dependency too)."""
+    modules = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_and_the_layers_on_hand_worked_cases():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert _layer("adaptive_ds.training.checkpoint.manager") == _layer("adaptive_ds.training")
+    assert _layer("adaptive_ds.training.consolidate") == len(LAYERS) - 1  # an alias, above training
+    assert "adaptive_ds.training.checkpoint.universal" in _import_graph()["adaptive_ds.training.checkpoint.consolidate"]
+
+
+def test_the_library_imports_only_downward():
+    graph = _import_graph()
+    upward = sorted(f"{a} -> {b}" for a, imported in graph.items() for b in imported if _layer(b) > _layer(a))
+    assert upward == []
+    assert len(graph) > 60 and sum(map(len, graph.values())) > 150  # the scan sees the package
+
+
+def test_no_modules_import_each_other():
+    known = [["adaptive_ds.tools.plan", "adaptive_ds.tools.plan_advice"]]  # the planner and its advice, one tool
+    assert _cycles(_import_graph()) == known
+
+
+def test_export_and_generate_import_neither_the_training_code_nor_deepspeed():
+    """A final/ folder is exported and sampled where adaptive_ds's training code (and DeepSpeed) need not load;
+    a raw DeepSpeed checkpoint is read by adaptive_ds.ds_checkpoint, which imports DeepSpeed only inside the
+    function that reassembles ZeRO-3's partitions."""
+    graph = _import_graph()
+    roots = ["adaptive_ds.generate", *(m for m in graph if m.startswith("adaptive_ds.export"))]
+    reached, todo = set(), list(roots)
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += graph[module]
+    assert not any(m.startswith("adaptive_ds.training") for m in reached), sorted(reached)
+    assert not [m for m in reached if "deepspeed" in _top_level_imports(m)]
+
+
+def _top_level_imports(module: str) -> set[str]:
+    """The modules a module's own body imports (not its functions)."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = ROOT / module.replace(".", "/") / "__init__.py"
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found

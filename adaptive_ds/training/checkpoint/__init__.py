@@ -12,6 +12,7 @@ relative path, size and CRC-32) and `run.json` (the run's state); OUTPUT_DIR/che
 complete checkpoint.
 """
 
+from ...ds_checkpoint import resolve_tag_dir
 from .identity import (
     LAYOUT_KEYS,
     changes_layout,
@@ -34,7 +35,6 @@ from .storage import (
     latest_tag,
     read_data_state,
     read_run_state,
-    resolve_tag_dir,
     write_json,
 )
 from .universal import check_param_groups, universal_tag

@@ -20,19 +20,14 @@ import zlib
 import numpy as np
 import torch
 
+from ...ds_checkpoint import CHECKPOINTS, LATEST, RUN_STATE, CheckpointError
+
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
 MANIFEST = "manifest.json"
-RUN_STATE = "run.json"
 CORRUPT = ".corrupt-"  # <tag>.corrupt-<time>: a checkpoint set aside at resume
 TAG = re.compile(r"step\d{8}")
 _CHUNK = 16 << 20
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed or saved: one line; no checkpoint is deleted."""
 
 
 class CheckpointSaveError(CheckpointError):
@@ -67,19 +62,6 @@ def latest_tag(output_dir: str) -> str | None:
         return None
     with open(path) as f:
         return f.read().strip() or None
-
-
-def resolve_tag_dir(path: str) -> str:
-    """A checkpoint directory from a tag directory, a checkpoints/ directory or a run's OUTPUT_DIR."""
-    if os.path.isfile(os.path.join(path, RUN_STATE)):
-        return path
-    for root in (os.path.join(path, CHECKPOINTS), path):
-        latest = os.path.join(root, LATEST)
-        if os.path.isfile(latest):
-            with open(latest) as f:
-                return os.path.join(root, f.read().strip())
-    raise CheckpointError(f"{path!r} is not a checkpoint: expected OUTPUT_DIR, OUTPUT_DIR/checkpoints or "
-                          "OUTPUT_DIR/checkpoints/<tag> (with a run.json)")
 
 
 def write_atomic(path: str, text: str) -> None:
