@@ -73,3 +73,17 @@ def test_the_loop_reaches_checkpoints_through_three_names():
     direct = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
               and node.module.startswith("checkpoint")]
     assert used == {"Checkpointer", "run_identity", "check_resumable"} and not direct, used
+
+
+def test_a_moe_checkpoint_from_before_an_option_resumes_at_its_default_and_refuses_another(tiny_config):
+    # moe_expert_granularity and moe_balancing came after the first MoE checkpoints: such a checkpoint is the model
+    # at their defaults (granularity 1, the aux loss), so it resumes at them and a run at granularity 2 (another
+    # model) is refused in one line
+    current = {"arch": "moe", "model": json.loads(json.dumps(tiny_config("moe").to_dict()))}
+    saved = {"arch": "moe", "model": {k: v for k, v in current["model"].items()
+                                      if k not in ("moe_expert_granularity", "moe_balancing")}}
+    completed = checkpoint.with_new_model_fields(saved)
+    checkpoint.check_compatible(completed, current, "ckpt")
+    finer = {**current, "model": {**current["model"], "moe_expert_granularity": 2}}
+    with pytest.raises(CheckpointError, match=r"model.moe_expert_granularity 1 \(this run: 2\)"):
+        checkpoint.check_compatible(completed, finer, "ckpt")
