@@ -123,6 +123,32 @@ VARIANTS: dict[str, ArchVariant] = {
 # (tests/unit/test_presets.py keeps the two the same).
 ARCHITECTURES = tuple(name for name, entry in VARIANTS.items() if name == entry.arch)
 
+# The architectures with experts and with MoD routing (as models/configuration.py has them, which a final/ folder
+# carries alone), and the fields only they read: set for another architecture a field would change nothing, so a run
+# refuses it (`unused_fields`), before torch is imported (training/arguments.py: preflight).
+MOE_ARCHITECTURES = ("moe", "hybrid")
+MOD_ARCHITECTURES = ("mod", "hybrid")
+MOE_FIELDS = ("num_local_experts", "num_experts_per_tok", "moe_layer_interval", "moe_capacity_factor",
+              "moe_eval_capacity_factor", "moe_min_capacity", "moe_drop_tokens", "moe_ep_size", "moe_dispatch",
+              "moe_grouped_gemm", "moe_jitter", "moe_use_residual", "moe_expert_granularity", "moe_shared_experts",
+              "moe_balancing", "moe_bias_update_rate", "moe_renormalize_top1", "router_aux_loss_coef",
+              "router_z_loss_coef")
+MOD_FIELDS = ("mod_capacity", "mod_layer_interval", "mod_causal_routing", "mod_predictor_hidden_size",
+              "mod_predictor_loss_coef", "mod_straight_through")
+
+
+def unused_fields(arch: str, names) -> list[str]:
+    """One line for each kind of field among `names` that `arch` does not read (MoE fields without experts, MoD fields
+    without MoD routing), naming the fields and the architectures that read them; empty when `arch` reads them all."""
+    found = []
+    for kind, architectures, kind_fields in (("experts", MOE_ARCHITECTURES, MOE_FIELDS),
+                                             ("MoD routing", MOD_ARCHITECTURES, MOD_FIELDS)):
+        unused = [name for name in names if name in kind_fields]
+        if unused and arch not in architectures:
+            found.append(f"model field(s) {', '.join(unused)} apply to arch {' and '.join(architectures)} ({kind}), "
+                         f"not to arch {arch}")
+    return found
+
 # Spellings of variants before they were named ARCH:OPTION: `--variant` still takes them (with a warning).
 RENAMED_VARIANTS = {"mod_paper": "mod:paper", "mod_half": "mod:half"}
 

@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING
 
 from .. import ds_config as ds_config_reader
 from ..ds_config import ConfigError
-from ..presets import ARCHITECTURES, NO_PRESET_SEQ_LEN, PRESETS, RENAMED_VARIANTS, VARIANTS, variant_overrides
+from ..presets import (
+    ARCHITECTURES,
+    NO_PRESET_SEQ_LEN,
+    PRESETS,
+    RENAMED_VARIANTS,
+    VARIANTS,
+    unused_fields,
+    variant_overrides,
+)
 from .controller import ControllerSettings, controller_settings
 
 if TYPE_CHECKING:
@@ -277,11 +285,8 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
     becomes the preset of that shape: `init_from_check`)."""
     # these import torch: here, not with this module (its docstring says why)
     from ..data import source_problems
-    from ..models.configuration import unused_fields
 
     problems = _settings_problems(settings, ds_config, world_size)
-    if isinstance(settings.model, dict) and settings.arch in ARCHITECTURES and not _variant_of_another_arch(settings):
-        problems += unused_fields(settings.arch, settings.model)  # e.g. mod_capacity for dense would change nothing
     init_model = None
     if isinstance(settings.init_from, str) and isinstance(settings.model, dict) and settings.arch in ARCHITECTURES:
         init_model, found = init_from_check(settings, preset_named)
@@ -314,7 +319,8 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
 
 def _settings_problems(settings: RunSettings, ds_config: dict, world_size: int) -> list[str]:
     """The problems found without the model, the data or `init_from` (what `preflight` checks): each setting's type,
-    choices and bounds, the controller's keys, the variant against the arch and the ds_config's own sections."""
+    choices and bounds, the controller's keys, the variant against the arch, `model` fields of another architecture
+    and the ds_config's own sections."""
     problems = _field_problems(settings)
     micro = settings.micro_batch
     if micro is not None and micro != "auto" and not (isinstance(micro, int) and not isinstance(micro, bool)
@@ -342,6 +348,8 @@ def _settings_problems(settings: RunSettings, ds_config: dict, world_size: int) 
         same = [name for name, v in VARIANTS.items() if v.arch == settings.arch]
         problems.append(f"variant {settings.variant} is a {variant.arch} variant, and arch is {settings.arch}; leave "
                         f"arch out (the variant names it) or pick a {settings.arch} variant: {', '.join(same)}")
+    elif isinstance(settings.model, dict) and settings.arch in ARCHITECTURES:
+        problems += unused_fields(settings.arch, settings.model)  # e.g. mod_capacity for dense would change nothing
     if "optimizer" not in ds_config:
         problems.append("the ds_config has no 'optimizer' block; add e.g. "
                         '{"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8}}')

@@ -1,6 +1,7 @@
 """A mistake in the training command answers before torch, transformers or DeepSpeed is imported (their imports
-take ten seconds and more): a misspelt or abbreviated flag, a missing or broken ds_config, an unknown arch, each in
-one line and a non-zero exit, from every entry point of the training command."""
+take ten seconds and more): a misspelt or abbreviated flag, a missing or broken ds_config, an unknown arch, a
+`--model` field of another architecture, each in one line and a non-zero exit, from every entry point of the training
+command (under torchrun's restarts, each retry of such a command costs that second again, not the imports)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def _imported(stderr: str) -> set[str]:
                  "config: b1_a100.json, ", id="missing-ds-config"),
     pytest.param(["--ds_config", "debug_cpu.json", "--arch", "bogus"], 1,
                  "error: unknown arch 'bogus'; valid choices: dense, moe, mod, hybrid", id="unknown-arch"),
+    pytest.param(["--ds_config", "debug_cpu.json", "--model", '{"mod_capacity": 2}'], 1,
+                 "error: model field(s) mod_capacity apply to arch mod and hybrid (MoD routing), not to arch dense",
+                 id="model-field-of-another-arch"),
 ])
 def test_a_bad_command_answers_in_one_line_without_importing_torch(run_command, entry, argv, status, line):
     result = run_command([sys.executable, "-X", "importtime", *ENTRY_POINTS[entry], *argv], timeout=120)

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_ds import data
-from adaptive_ds.models.configuration import MOD_FIELDS, MOE_FIELDS, AdaptiveDSConfig
-from adaptive_ds.presets import model_config
+from adaptive_ds.models.configuration import AdaptiveDSConfig
+from adaptive_ds.presets import MOD_FIELDS, MOE_FIELDS, model_config
 from adaptive_ds.training.arguments import ConfigError, RunSettings, build_parser, parse, settings_markdown
 
 

@@ -124,7 +124,10 @@ def test_every_moe_and_mod_field_is_known_as_one():
     """A new moe_* or mod_* field joins its architectures' fields, so that a run refuses it on an arch without them."""
     from dataclasses import fields
 
-    from adaptive_ds.models.configuration import MOD_FIELDS, MOE_FIELDS
+    from adaptive_ds.models import configuration
+    from adaptive_ds.presets import MOD_ARCHITECTURES, MOD_FIELDS, MOE_ARCHITECTURES, MOE_FIELDS
+
+    assert (MOE_ARCHITECTURES, MOD_ARCHITECTURES) == (configuration.MOE_ARCHITECTURES, configuration.MOD_ARCHITECTURES)
 
     names = {f.name for f in fields(AdaptiveDSConfig)}
     assert {n for n in names if n.startswith("moe_")} <= set(MOE_FIELDS) <= names
