@@ -164,7 +164,7 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
     trained its steps (the peak is judged by its target)."""
     from ..data.tokenizer import embedded_tokenizer
     from ..training import train
-    from .plan import plan_ds_config
+    from .planner import plan_ds_config
 
     config = _ds_config("b1_t4.json", dry)
     preset, steps = ("debug", 3) if dry else ("b1", 30)
@@ -212,7 +212,7 @@ def stage_b7(dry: bool, workdir: Path) -> dict:
     from ..models import AdaptiveDSForCausalLM
     from ..presets import PRESETS, model_config
     from ..training.optim import parameter_groups
-    from .plan import plan
+    from .planner import plan
 
     preset, steps, vocab = ("debug", 2, 32000) if dry else ("b7", B7_STEPS, 32000)
     config = _ds_config("b7_a100_40gb_offload.json", dry)

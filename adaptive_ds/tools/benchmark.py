@@ -213,7 +213,7 @@ def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing:
     """
     import psutil
 
-    from .plan import plan
+    from .planner import plan
 
     distributed.init_distributed()
     baseline = psutil.Process().memory_info().rss

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from .. import ds_config as ds_config_reader
 from ..models.configuration import AdaptiveDSConfig
 from ..presets import PRESETS
-from .plan import Plan, host_memory_text, model_facts, plan_ds_config
+from .planner import Plan, host_memory_text, model_facts, plan_ds_config
 
 MAX_GPUS = 4096  # the most GPUs advice considers for a config that does not fix its global batch
 
