@@ -23,10 +23,13 @@ import os
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from datasets import IterableDataset, load_dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from datasets import IterableDataset
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +120,10 @@ def _json_lines_rows(files: list[str], text_field: str, corrupt: tuple = _CORRUP
 def document_rows(source: str, text_field: str = "text", hub_config: str | None = None) -> IterableDataset:
     """`source` as a streamed `datasets.IterableDataset` of rows: local file(s), one shard per file, or a Hub
     dataset name such as allenai/c4 (config en). Read the texts with `checked_text`."""
+    # imported here, not with the module: `datasets` (and pandas) cost a second at every process start, and only a
+    # run on text reads it
+    from datasets import IterableDataset, load_dataset
+
     files = local_files(source)
     if not files:
         try:

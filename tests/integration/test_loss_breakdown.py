@@ -3,8 +3,6 @@ blocks training reads, a report published only when told, and bad input refused 
 
 import json
 import os
-import subprocess
-import sys
 from collections import defaultdict
 
 import pytest
@@ -144,23 +142,25 @@ def test_exposures_are_counted_on_the_blocks_training_reads(tmp_path):
         assert report["statements_per_fact"][name] == pytest.approx(statements[name] / (size * len(RELATIONS)))
 
 
-def test_bad_input_is_one_line(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "adaptive_ds.tools.loss_breakdown", "--models",
-                          f"dense={tmp_path / 'nowhere'}", "--seed", "1"], capture_output=True, text=True)
-    assert run.returncode != 0
-    assert run.stderr.strip().splitlines()[-1] == (f"loss_breakdown: --models dense={tmp_path / 'nowhere'}: no such "
-                                                    "folder (give a trained run's final/ folder)")
-    run = subprocess.run([sys.executable, "-m", "adaptive_ds.tools.loss_breakdown", "--models", "dense",
-                          "--seed", "1"], capture_output=True, text=True)
-    assert run.returncode == 2 and "expected NAME=FOLDER" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "adaptive_ds.tools.loss_breakdown", "--models", f"a={tmp_path}",
-                          f"a={tmp_path}", "--seed", "1"], capture_output=True, text=True)
-    assert run.returncode != 0 and run.stderr.strip().splitlines()[-1] == (
-        "loss_breakdown: each --models NAME must be unique, got a, a")
-    run = subprocess.run([sys.executable, "-m", "adaptive_ds.tools.loss_breakdown", "--models", f"a={tmp_path}",
-                          "--seed", "1", "--blocks", "0"], capture_output=True, text=True)
-    assert run.returncode != 0 and run.stderr.strip().splitlines()[-1] == (
-        "loss_breakdown: --blocks must be at least 1, got 0")
+def test_bad_input_is_one_line(tmp_path, capsys):
+    """Each refused in one line before anything loads (the command's main, run in this process: the same exits
+    `python -m adaptive_ds.tools.loss_breakdown` ends with)."""
+    from adaptive_ds.tools.loss_breakdown import main
+
+    def refused(*argv) -> tuple[object, str]:
+        with pytest.raises(SystemExit) as exit_:
+            main(list(argv))
+        return exit_.value.code, capsys.readouterr().err
+
+    code, _ = refused("--models", f"dense={tmp_path / 'nowhere'}", "--seed", "1")
+    assert code == (f"loss_breakdown: --models dense={tmp_path / 'nowhere'}: no such folder (give a trained run's "
+                    "final/ folder)")
+    code, err = refused("--models", "dense", "--seed", "1")
+    assert code == 2 and "expected NAME=FOLDER" in err
+    code, _ = refused("--models", f"a={tmp_path}", f"a={tmp_path}", "--seed", "1")
+    assert code == "loss_breakdown: each --models NAME must be unique, got a, a"
+    code, _ = refused("--models", f"a={tmp_path}", "--seed", "1", "--blocks", "0")
+    assert code == "loss_breakdown: --blocks must be at least 1, got 0"
 
 
 def test_the_breakdown_is_published_only_when_told(tmp_path, monkeypatch):

@@ -119,7 +119,7 @@ def test_a_hub_name_goes_to_the_hub_loader_offline(monkeypatch):
         calls.append((args, kwargs))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("adaptive_ds.data.text.load_dataset", recording)
+    monkeypatch.setattr(datasets, "load_dataset", recording)  # data.text imports it where it reads text
     with pytest.raises(ValueError, match="'allenai/c4' is not a local path, and as a Hub dataset it cannot be "
                                          "opened") as error:
         next(open_documents("allenai/c4", hub_config="en"))
