@@ -366,7 +366,7 @@ class Trainer:
             if not self.controller.healthy:
                 logger.warning("no checkpoint at the last step %d: its loss is not healthy", last_step)
             elif self.checkpointer.last_saved != last_step and last_step > self.start_step:
-                self.checkpointer.save(last_step, last=True)
+                self._checkpoint(last_step, last=True)
             final.save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
                        is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
         summary.update(self._summary_facts(summary, last_step, counts))
@@ -547,12 +547,22 @@ class Trainer:
         previous checkpoint stays the latest, and the next boundary tries again. The max_failed_saves-th failure in
         a row stops the run (`Checkpointer.save` raises SavesFailedError, which this lets through)."""
         try:
-            self.checkpointer.save(step)
+            self._checkpoint(step)
         except checkpoint.CheckpointSaveError as error:
             logger.warning("%s; training goes on and the next save point tries again (%d of max_failed_saves %d "
                            "failed in a row)", error, self.checkpointer.failed_saves, self.settings.max_failed_saves)
             return
         self._push_checkpoint(step, self.last_loss)
+
+    def _checkpoint(self, step: int, last: bool = False) -> None:
+        """`Checkpointer.save`; the failure that stops the run is counted in the step's metrics record too, as every
+        other failure is in the records after it (the run ends here, so no record comes after)."""
+        try:
+            self.checkpointer.save(step, last=last)
+        except checkpoint.SavesFailedError:
+            self.metrics.amend(step, {"failed_saves": self.checkpointer.failed_saves,
+                                      "failed_saves_total": self.checkpointer.failed_saves_total})
+            raise
 
     def _push_checkpoint(self, step: int, loss: float) -> None:
         if not (self.settings.push_to_hub and self.settings.push_every_save):

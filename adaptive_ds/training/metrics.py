@@ -278,6 +278,23 @@ class MetricsWriter:
         self._file = open(self.path, "a")  # closed in close()
         return len(abandoned)
 
+    def amend(self, step: int, fields: dict) -> None:
+        """Add `fields` to the record of `step`, the file's last (or write a record of `step` alone, where the step
+        logged none): for what is known only after the step's record was written, such as the failed save that ends
+        the run. Reads and rewrites the last record only."""
+        if self._file is None:
+            return
+        self._file.close()
+        cut = _offset_after(self.path, step - 1)
+        with open(self.path, "rb") as f:
+            f.seek(cut)
+            tail = [line for line in f.read().splitlines() if _step_of(line) == step]
+        record = {**(json.loads(tail[-1]) if tail else {"step": step}), **fields}
+        os.truncate(self.path, cut)
+        self._file = open(self.path, "a")  # closed in close()
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
     def close(self) -> None:
         if self._file:
             self._file.close()

@@ -34,3 +34,17 @@ def test_a_torn_last_line_is_set_aside_and_a_rewind_to_zero_empties_the_file(tmp
     writer.close()
     assert (tmp_path / "metrics.jsonl").read_text() == ""
     assert [r["step"] for r in _records(tmp_path / "abandoned_metrics.jsonl")] == [2, 1]
+
+
+def test_amend_adds_to_the_last_record_of_its_step_or_writes_one(tmp_path):
+    writer = MetricsWriter(str(tmp_path))
+    for step in (1, 2, 3):
+        writer.write({"step": step, "loss": float(step), "failed_saves": 0})
+    writer.amend(3, {"failed_saves": 2})  # step 3's record is the last: merged, nothing else touched
+    writer.amend(5, {"failed_saves": 3})  # step 5 logged nothing: a record of its own
+    writer.write({"step": 6, "loss": 6.0})  # the writer appends as before
+    writer.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records == [{"step": 1, "loss": 1.0, "failed_saves": 0}, {"step": 2, "loss": 2.0, "failed_saves": 0},
+                       {"step": 3, "loss": 3.0, "failed_saves": 2}, {"step": 5, "failed_saves": 3},
+                       {"step": 6, "loss": 6.0}]
