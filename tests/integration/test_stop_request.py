@@ -99,7 +99,10 @@ def test_a_loader_worker_ignores_the_signals_its_process_decides_on(tmp_path):
             if step == 2:
                 import psutil
 
-                for child in psutil.Process().children():
+                this = psutil.Process()
+                # the loader's workers: forked from this process (its command line), not a helper another test in
+                # this pytest worker left running (a logging service, say)
+                for child in [c for c in this.children() if c.cmdline() == this.cmdline()]:
                     status = open(f"/proc/{child.pid}/status").read()
                     ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1],
                                   16)
