@@ -26,21 +26,27 @@ def _module_name(path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path) -> set[str]:
-    """Every module an import statement of the file names, relative imports resolved (`from . import x` counts x)."""
+def _import_statements(path):
+    """(module, names) of each import statement of the file, relative imports resolved: `import a.b` gives
+    ("a.b", []), `from .x import y` gives ("<package>.x", ["y"])."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
+            yield from ((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            found.add(base)
-            found |= {f"{base}.{alias.name}" for alias in node.names}
+            yield base, [alias.name for alias in node.names]
+
+
+def _imports(path) -> set[str]:
+    """Every module an import statement of the file names, relative imports resolved (`from . import x` counts x)."""
+    found = set()
+    for base, names in _import_statements(path):
+        found |= {base, *(f"{base}.{n}" for n in names)}
     return found
 
 
@@ -153,18 +159,9 @@ def _import_graph() -> dict[str, set[str]]:
     modules = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
     graph = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, *([base] if base else [])])
-                for alias in node.names:
-                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        for base, names in _import_statements(path):
+            found |= {f"{base}.{n}" if f"{base}.{n}" in modules else base for n in names} if names else {base}
         graph[name] = {m for m in found if m in modules and m != name}
     return graph
 
