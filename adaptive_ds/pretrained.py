@@ -1,8 +1,11 @@
 """`--init_from`: a run that starts from pretrained weights instead of random ones.
 
 The source is a folder of a Hugging Face model (a local folder, or a Hub id resolved through the HF cache) holding
-a stock `LlamaForCausalLM`, a stock `MixtralForCausalLM` or one of adaptive_ds's own `final/` folders, its weights as
-safetensors (one file or an index of shards), with its tokenizer.
+a model of a registered family (`models.families`: a stock `LlamaForCausalLM`, a stock `MixtralForCausalLM` or one
+of adaptive_ds's own `final/` folders), its weights as safetensors (one file or an index of shards), with its
+tokenizer. The family, found by the config's `model_type`, says which architecture the folder holds, which config
+fields it fixes, which of its features the model lacks and how its weights map to ours; this module asks it and
+knows no family or architecture by name.
 
 What comes from where:
 
@@ -49,20 +52,16 @@ from functools import cached_property
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig
+from transformers import AutoTokenizer, PreTrainedConfig
 
 from .models import AdaptiveDSConfig
-from .models.upcycling import initial_tensors
+from .models.families import FAMILIES, Family, family_of, supported
+from .models.upcycling import SHAPE_FIELDS, fixed_fields, initial_tensors, starts, upcycled_settings, upcycling_problems
+from .models.upcycling import STRUCTURAL_FIELDS as STRUCTURAL_FIELDS  # what the planner carries into its plan
 from .presets import NO_PRESET_SEQ_LEN, PRESETS, VARIANTS, pad_vocab
 
 logger = logging.getLogger(__name__)
 
-KINDS = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "adaptive_ds": "AdaptiveDSForCausalLM"}
-SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
-# Fields a folder of our own fixes: they change which tensors the model holds (or, for a dense source, are its shape)
-STRUCTURAL_FIELDS = (*SHAPE_FIELDS, "vocab_size", "num_local_experts", "num_experts_per_tok", "moe_layer_interval",
-                     "moe_expert_granularity", "moe_shared_experts", "moe_use_residual", "moe_balancing",
-                     "mod_layer_interval", "mod_causal_routing", "mod_predictor_hidden_size", "tie_word_embeddings")
 # The files a run reads from the folder besides its weights (config, the weights' index, tokenizer); the weights are
 # the shards the index names, or model.safetensors (`source_files`)
 SOURCE_FILES = ("config.json", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
@@ -134,12 +133,12 @@ class Source:
     name: str  # as given: a folder or a Hub id
     folder: str
     config: PreTrainedConfig
-    kind: str  # a key of KINDS
+    kind: str  # its config's model_type: a key of models.families.FAMILIES
 
     @classmethod
     def open(cls, name: str, weights: bool = True) -> Source:
         """The source `name`, its config read; ValueError in one line for a missing folder, a folder without a
-        config, or an architecture other than Llama, Mixtral or adaptive_ds's. `weights` False: see `resolve`."""
+        config, or a model of no registered family. `weights` False: see `resolve`."""
         folder = resolve(name, weights)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             raise ValueError(f"init_from {name!r} holds no config.json; pass a Hugging Face model folder")
@@ -148,11 +147,10 @@ class Source:
                 kind = json.load(f).get("model_type")
             except (json.JSONDecodeError, AttributeError):
                 raise ValueError(f"init_from {name!r}: config.json is not a JSON object") from None
-        if kind not in KINDS:
-            raise ValueError(f"init_from {name!r} is a {kind!r} model; valid architectures: "
-                             f"{', '.join(f'{k} ({v})' for k, v in KINDS.items())}")
+        if kind not in FAMILIES:
+            raise ValueError(f"init_from {name!r} is a {kind!r} model; supported model types: {supported()}")
         try:
-            config = (AdaptiveDSConfig if kind == "adaptive_ds" else AutoConfig).from_pretrained(folder)
+            config = FAMILIES[kind].config_class.from_pretrained(folder)
         except (ValueError, TypeError, OSError) as error:
             raise ValueError(f"init_from {name!r}: its config.json does not load ({type(error).__name__}: "
                              f"{str(error).splitlines()[0] if str(error) else ''})") from None
@@ -160,41 +158,28 @@ class Source:
 
     # what the folder holds
     @property
-    def arch(self) -> str:
-        """The folder's own architecture."""
-        return {"llama": "dense", "mixtral": "moe"}.get(self.kind) or self.config.arch
+    def family(self) -> Family:
+        return family_of(self.kind)
 
     @property
-    def rope_theta(self) -> float:
-        if self.kind == "adaptive_ds":
-            return self.config.rope_theta
-        return float((self.config.rope_parameters or {}).get("rope_theta", 10000.0))
+    def arch(self) -> str:
+        """The folder's own architecture."""
+        return self.family.architecture(self.config)
+
+    @property
+    def fields(self) -> dict:
+        """The AdaptiveDSConfig fields the folder fixes for every architecture it starts: shape, norm, RoPE,
+        context."""
+        return self.family.fields(self.config)
 
     def shape(self) -> dict[str, int]:
-        return {name: getattr(self.config, name) for name in SHAPE_FIELDS}
+        fields = self.fields
+        return {name: fields[name] for name in SHAPE_FIELDS}
 
     def feature_problems(self) -> list[str]:
-        """The Llama / Mixtral features the model does not have, one line each."""
-        c, name, found = self.config, self.name, []
-        if self.kind != "adaptive_ds":
-            rope = dict(c.rope_parameters or {})
-            rope_type = rope.get("rope_type", rope.get("type", "default"))
-            if rope_type != "default":  # (transformers reads a config's legacy rope_scaling into rope_parameters)
-                found.append(f"init_from {name!r} scales RoPE (rope_scaling / rope_parameters type {rope_type!r}); "
-                             "adaptive_ds's RoPE is the default, unscaled one")
-            for flag in ("attention_bias", "mlp_bias"):
-                if getattr(c, flag, False):
-                    found.append(f"init_from {name!r} has {flag} true; adaptive_ds's projections have no biases")
-            if getattr(c, "sliding_window", None) is not None:
-                found.append(f"init_from {name!r} has sliding_window {c.sliding_window}; adaptive_ds's attention is "
-                             "full causal attention")
-            if getattr(c, "hidden_act", "silu") != "silu":
-                found.append(f"init_from {name!r} has hidden_act {c.hidden_act!r}; adaptive_ds's MLPs are SwiGLU "
-                             "(silu)")
-            head_dim = getattr(c, "head_dim", None)
-            if head_dim is not None and head_dim != c.hidden_size // c.num_attention_heads:
-                found.append(f"init_from {name!r} has head_dim {head_dim}, not hidden_size / num_attention_heads "
-                             f"{c.hidden_size // c.num_attention_heads}; adaptive_ds's head_dim is that quotient")
+        """The features of the folder's family that the model does not have, one line each."""
+        c, name = self.config, self.name
+        found = [f"init_from {name!r} {problem}" for problem in self.family.feature_problems(c)]
         if c.tie_word_embeddings:
             found.append(f"init_from {name!r} ties its input and output embeddings (tie_word_embeddings); "
                          "adaptive_ds's models keep them apart")
@@ -207,19 +192,14 @@ class Source:
     def arch_problems(self, arch: str, overrides: dict) -> list[str]:
         """Whether the folder can start `arch` with the `--model` overrides, one line each."""
         found = []
-        if self.arch != "dense" and arch != self.arch:
-            found.append(f"init_from {self.name!r} is a {self.arch} model ({KINDS[self.kind]}); it starts --arch "
-                         f"{self.arch} only (a dense model starts any architecture)")
-        fixed = SHAPE_FIELDS + ("vocab_size", "tie_word_embeddings") if self.arch == "dense" else STRUCTURAL_FIELDS
-        named = [k for k in fixed if k in overrides]
+        if not starts(self.arch, arch):
+            found.append(f"init_from {self.name!r} is a {self.arch} model ({self.family.class_name}); it starts "
+                         f"--arch {self.arch} only (a dense model starts any architecture)")
+        named = [k for k in fixed_fields(self.arch) if k in overrides]
         if named:
             found.append(f"--model sets {', '.join(named)}, which init_from {self.name!r} fixes (the model's shape "
                          "comes from the folder)")
-        if self.arch == "dense" and arch in ("moe", "hybrid") and overrides.get("moe_use_residual") and \
-                overrides.get("moe_expert_granularity", 1) > 1:
-            found.append("upcycling copies the dense MLP into PR-MoE's residual MLP, which needs "
-                         "moe_expert_granularity 1")
-        return found
+        return found + upcycling_problems(self.arch, arch, overrides)
 
     def preset_conflicts(self, preset: str) -> list[str]:
         """The shape fields on which `preset` disagrees with the folder: 'hidden_size 2048 (preset: 4096)'."""
@@ -232,7 +212,7 @@ class Source:
     def seq_len(self, preset: str | None) -> int:
         """The preset's seq_len (None: `NO_PRESET_SEQ_LEN`), up to the folder's max_position_embeddings."""
         wanted = PRESETS[preset].seq_len if preset is not None else NO_PRESET_SEQ_LEN
-        return min(wanted, self.config.max_position_embeddings)
+        return min(wanted, self.fields["max_position_embeddings"])
 
     # what a run builds from it
     def model_config(self, arch: str, preset: str | None, vocab_size: int, **overrides) -> AdaptiveDSConfig:
@@ -241,25 +221,18 @@ class Source:
         `arch_problems`) win over what the folder does not fix."""
         c = self.config
         vocab = pad_vocab(max(c.vocab_size, vocab_size))
-        if self.kind == "adaptive_ds" and arch == self.arch:  # our own model: its own settings
-            own = {k: getattr(c, k) for k in vars(AdaptiveDSConfig)["__annotations__"]}
-            for k in ("moe_ep_size", "bos_token_id", "eos_token_id", "pad_token_id"):
-                own.pop(k)
+        own = self.family.own_settings(c)
+        if own is not None and arch == self.arch:  # our own model: its own settings
             return AdaptiveDSConfig(**{**own, "vocab_size": vocab, **overrides})
         experts = PRESETS[preset] if preset is not None else AdaptiveDSConfig  # no preset: the model's defaults
-        fields = dict(arch=arch, vocab_size=vocab, **self.shape(), rms_norm_eps=c.rms_norm_eps,
-                      rope_theta=self.rope_theta, max_position_embeddings=c.max_position_embeddings,
-                      num_local_experts=experts.num_local_experts, num_experts_per_tok=experts.num_experts_per_tok)
+        fields = dict(arch=arch, vocab_size=vocab, **self.fields, num_local_experts=experts.num_local_experts,
+                      num_experts_per_tok=experts.num_experts_per_tok)
         fields.update(VARIANTS[arch].model)
-        if self.kind == "mixtral":  # Mixtral's routing: its experts and top-k, renormalised (for k = 1 too), dropless
-            fields.update(num_local_experts=c.num_local_experts, num_experts_per_tok=c.num_experts_per_tok,
-                          moe_renormalize_top1=c.num_experts_per_tok == 1, moe_drop_tokens=False)
+        fields.update(self.family.routing(c))  # the family's own routing (Mixtral's), over the variant's defaults
         fields.update(overrides)
-        if self.arch == "dense" and arch != "dense":  # upcycled: the first forward pass is the dense model's
-            upcycled = {"mod_straight_through": arch in ("mod", "hybrid"),
-                        "moe_renormalize_top1": arch in ("moe", "hybrid")
-                        and fields["num_experts_per_tok"] * fields.get("moe_expert_granularity", 1) == 1}
-            fields.update({k: v for k, v in upcycled.items() if k not in overrides})
+        # upcycled: the first forward pass is the dense model's, where the overrides leave it so
+        upcycled = upcycled_settings(self.arch, arch, fields)
+        fields.update({k: v for k, v in upcycled.items() if k not in overrides})
         return AdaptiveDSConfig(**fields)
 
     def tokenizer(self):
@@ -316,21 +289,20 @@ class Source:
         def read(name: str, index: int | None = None) -> torch.Tensor:
             if name not in files:
                 raise ValueError(f"init_from {self.name!r} has no tensor {name!r} that a {self.arch} model "
-                                 f"({KINDS[self.kind]}) holds; its weights do not match its config")
+                                 f"({self.family.class_name}) holds; its weights do not match its config")
             with safe_open(files[name], framework="pt") as f:
                 return (f.get_tensor(name) if index is None else f.get_slice(name)[index]).float()
 
-        kind = "same" if self.kind == "adaptive_ds" and model.config.arch == self.arch else \
-            "mixtral" if self.kind == "mixtral" else "dense"
+        ours = self.family.reader(read, set(files))  # the folder's tensors by our names
         own = model.state_dict()  # the parameters' and buffers' storage: each is written in place, one by one
         with torch.no_grad():
-            for name, tensor in initial_tensors(model, kind, read, set(files), ep_rank, noise, seed):
+            for name, tensor in initial_tensors(model, self.arch, ours, ep_rank, noise, seed):
                 if tensor.shape != own[name].shape:
                     raise ValueError(f"init_from {self.name!r}: tensor {name} is {tuple(tensor.shape)}, the model's "
                                      f"{tuple(own[name].shape)}; its weights do not match its config")
                 own[name].copy_(tensor)
         # (not its content hash: every rank loads, and only rank 0 reads every file again to hash them)
-        logger.info("weights from %s (%s) as %s", self.name, KINDS[self.kind], model.config.arch)
+        logger.info("weights from %s (%s) as %s", self.name, self.family.class_name, model.config.arch)
 
 
     def problems(self, arch: str, overrides: dict, preset: str | None) -> list[str]:

@@ -1,5 +1,10 @@
-"""An adaptive_ds model's first weights from a trained model: the same architecture, a dense model (Llama's or
-ours) upcycled to MoE, MoD or the hybrid, or a Mixtral model as MoE.
+"""An adaptive_ds model's first weights from a trained model of the same architecture, or from a dense model
+upcycled to MoE, MoD or the hybrid, and the rules of which source starts which architecture.
+
+A source is read by our tensor names for its architecture (a family's `reader` maps a stock folder's names to ours,
+models/families/). A model of the source's architecture takes every tensor by its name; a dense source starts any
+architecture (`starts`), upcycled as below, with the settings that keep its first forward pass the dense model's
+(`upcycled_settings`).
 
 Sparse upcycling (Komatsuzaki et al. 2022, arXiv 2212.05055): every expert of an MoE layer starts as a copy of the
 dense MLP it replaces, so that the first forward pass is the dense model's:
@@ -37,29 +42,72 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .configuration import AdaptiveDSConfig
+from .configuration import MOD_ARCHITECTURES, MOE_ARCHITECTURES, AdaptiveDSConfig
 
 # Reads a tensor of the source by its name there; `index` selects one entry of its first dimension (a stacked expert).
 Reader = Callable[..., torch.Tensor]
 
-SOURCE_KINDS = ("same", "dense", "mixtral")
+UPCYCLED_FROM = "dense"  # the architecture that starts every other one
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+# Fields a folder of our own fixes: they change which tensors the model holds (or, for a dense source, are its shape)
+STRUCTURAL_FIELDS = (*SHAPE_FIELDS, "vocab_size", "num_local_experts", "num_experts_per_tok", "moe_layer_interval",
+                     "moe_expert_granularity", "moe_shared_experts", "moe_use_residual", "moe_balancing",
+                     "mod_layer_interval", "mod_causal_routing", "mod_predictor_hidden_size", "tie_word_embeddings")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(?:block\.)?(.*)")
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _EXPERT = re.compile(r"mlp\.moe\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(\w+_proj)\.weight")
 _KEEP = ("router.", "predictor.", "mlp.moe.coefficient.", "mlp.routing_bias_steps")  # the model's own initial values
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
-MIXTRAL_PROJECTIONS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # Mixtral's checkpoint names
 
 
-def initial_tensors(model: torch.nn.Module, kind: str, read: Reader, names: set[str], ep_rank: int = 0,
+def starts(source_arch: str, arch: str) -> bool:
+    """Whether a model of `source_arch` starts a model of `arch`: its own architecture, or any from a dense one."""
+    return arch == source_arch or source_arch == UPCYCLED_FROM
+
+
+def upcycles(source_arch: str, arch: str) -> bool:
+    """Whether starting `arch` from `source_arch` is an upcycling (a dense model to another architecture)."""
+    return source_arch == UPCYCLED_FROM and arch != UPCYCLED_FROM
+
+
+def fixed_fields(source_arch: str) -> tuple[str, ...]:
+    """The config fields a source of `source_arch` fixes (a run may not set them): a dense model's shape, vocabulary
+    and embedding tying; any other's every field that changes which tensors the model holds."""
+    if source_arch == UPCYCLED_FROM:
+        return (*SHAPE_FIELDS, "vocab_size", "tie_word_embeddings")
+    return STRUCTURAL_FIELDS
+
+
+def upcycling_problems(source_arch: str, arch: str, settings: dict) -> list[str]:
+    """What keeps `settings` (AdaptiveDSConfig fields) from upcycling a `source_arch` model to `arch`, one line
+    each."""
+    if upcycles(source_arch, arch) and arch in MOE_ARCHITECTURES and settings.get("moe_use_residual") \
+            and settings.get("moe_expert_granularity", 1) > 1:
+        return ["upcycling copies the dense MLP into PR-MoE's residual MLP, which needs moe_expert_granularity 1"]
+    return []
+
+
+def upcycled_settings(source_arch: str, arch: str, settings: dict) -> dict:
+    """The settings that make an upcycled model's first forward pass the dense model's (empty when `arch` from
+    `source_arch` is no upcycling), given its other `settings`: MoD's straight-through update scale, and top-1
+    routing renormalised over its one choice (identical experts then give the dense output)."""
+    if not upcycles(source_arch, arch):
+        return {}
+    top_1 = settings["num_experts_per_tok"] * settings.get("moe_expert_granularity", 1) == 1
+    return {"mod_straight_through": arch in MOD_ARCHITECTURES,
+            "moe_renormalize_top1": arch in MOE_ARCHITECTURES and top_1}
+
+
+def initial_tensors(model: torch.nn.Module, source_arch: str, read: Reader, ep_rank: int = 0,
                     noise: float = 0.0, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every entry of the state dict `model` (an AdaptiveDSForCausalLM, perhaps holding one
-    expert-parallel rank's experts) starts from, one at a time, for a source of `kind`: "same" (our own folder of
-    the same architecture: every tensor by its name), "dense" (a Llama or our dense model, upcycled to the model's
-    architecture) or "mixtral". `names`: the source's tensor names; `ep_rank`: which experts the model holds (rank r
-    holds experts r * n .. r * n + n - 1)."""
-    assert kind in SOURCE_KINDS, kind
+    expert-parallel rank's experts) starts from, one at a time, for a source of `source_arch` that `read` reads by
+    our tensor names (experts by their global index): the model's own architecture (every tensor by its name) or a
+    dense model, upcycled to the model's architecture. `ep_rank`: which experts the model holds (rank r holds
+    experts r * n .. r * n + n - 1)."""
     config: AdaptiveDSConfig = model.config
+    assert starts(source_arch, config.arch), (source_arch, config.arch)
+    upcycled = upcycles(source_arch, config.arch)
     num_local = config.num_routed_experts // config.moe_ep_size
     for name, own in model.state_dict().items():
         match = _LAYER.fullmatch(name)
@@ -69,14 +117,12 @@ def initial_tensors(model: torch.nn.Module, kind: str, read: Reader, names: set[
         layer, inner = match.group(1), match.group(2)
         expert = _EXPERT.fullmatch(inner)
         global_expert = ep_rank * num_local + int(expert.group(1)) if expert else None
-        if kind == "same":
+        if not upcycled:
             tensor = read(name if expert is None else name.replace(f"deepspeed_experts.{expert.group(1)}.",
                                                                    f"deepspeed_experts.{global_expert}."))
-        elif kind == "mixtral":
-            tensor = _from_mixtral(layer, inner, expert, global_expert, read, names)
         else:
             tensor = _from_dense(config, layer, inner, expert, global_expert, own, read)
-        if expert is not None and noise > 0 and kind == "dense":
+        if expert is not None and noise > 0 and upcycled:
             projection = _PROJECTIONS.index(expert.group(2))  # gate and up are equally shaped: draws of their own
             generator = torch.Generator().manual_seed(
                 seed * 1_000_003 + int(layer) * 10_007 + global_expert * len(_PROJECTIONS) + projection)
@@ -115,23 +161,3 @@ def _from_dense(config: AdaptiveDSConfig, layer: str, inner: str, expert, global
     if projection == "down_proj":
         return dense[:, piece * width:(piece + 1) * width] * g
     return dense[piece * width:(piece + 1) * width]
-
-
-def _from_mixtral(layer: str, inner: str, expert, global_expert, read, names: set[str]) -> torch.Tensor:
-    """Mixtral's tensors as transformers saves them (block_sparse_moe.experts.E.w1/w2/w3), or in its in-memory
-    layout (mlp.experts.gate_up_proj (experts, 2 ffn, hidden) and down_proj (experts, hidden, ffn))."""
-    legacy = f"model.layers.{layer}.block_sparse_moe.gate.weight" in names
-    if inner == "mlp.moe.deepspeed_moe.gate.wg.weight":
-        return read(f"model.layers.{layer}.block_sparse_moe.gate.weight" if legacy else
-                    f"model.layers.{layer}.mlp.gate.weight")
-    if expert is None:
-        return read(f"model.layers.{layer}.{inner}")
-    projection = expert.group(2)
-    if legacy:
-        return read(f"model.layers.{layer}.block_sparse_moe.experts.{global_expert}."
-                    f"{MIXTRAL_PROJECTIONS[projection]}.weight")
-    if projection == "down_proj":
-        return read(f"model.layers.{layer}.mlp.experts.down_proj", global_expert)
-    gate_up = read(f"model.layers.{layer}.mlp.experts.gate_up_proj", global_expert)  # (2 ffn, hidden)
-    half = gate_up.shape[0] // 2
-    return gate_up[:half] if projection == "gate_proj" else gate_up[half:]

@@ -105,7 +105,7 @@ def test_a_tinyllama_shaped_llama_upcycles_to_b1_with_the_planners_counts(arch):
     with torch.device("meta"):
         stock = LlamaForCausalLM(tinyllama).state_dict()
         model = AdaptiveDSForCausalLM(config)
-    state = dict(initial_tensors(model, "dense", lambda name, index=None: stock[name], set(stock)))
+    state = dict(initial_tensors(model, "dense", lambda name, index=None: stock[name]))
     own = model.state_dict()
     assert {k: v.shape for k, v in state.items()} == {k: v.shape for k, v in own.items()}
     total = sum(p.numel() for p in model.parameters())
