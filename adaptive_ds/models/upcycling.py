@@ -70,6 +70,11 @@ def upcycles(source_arch: str, arch: str) -> bool:
     return source_arch == UPCYCLED_FROM and arch != UPCYCLED_FROM
 
 
+def copies_experts(source_arch: str, arch: str) -> bool:
+    """Whether starting `arch` from `source_arch` copies the dense MLPs into experts (what `noise` perturbs)."""
+    return upcycles(source_arch, arch) and arch in MOE_ARCHITECTURES
+
+
 def fixed_fields(source_arch: str) -> tuple[str, ...]:
     """The config fields a source of `source_arch` fixes (a run may not set them): a dense model's shape, vocabulary
     and embedding tying; any other's every field that changes which tensors the model holds."""
@@ -81,7 +86,7 @@ def fixed_fields(source_arch: str) -> tuple[str, ...]:
 def upcycling_problems(source_arch: str, arch: str, settings: dict) -> list[str]:
     """What keeps `settings` (AdaptiveDSConfig fields) from upcycling a `source_arch` model to `arch`, one line
     each."""
-    if upcycles(source_arch, arch) and arch in MOE_ARCHITECTURES and settings.get("moe_use_residual") \
+    if copies_experts(source_arch, arch) and settings.get("moe_use_residual") \
             and settings.get("moe_expert_granularity", 1) > 1:
         return ["upcycling copies the dense MLP into PR-MoE's residual MLP, which needs moe_expert_granularity 1"]
     return []

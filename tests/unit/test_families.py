@@ -21,7 +21,7 @@ from adaptive_ds.export.convert import convert
 from adaptive_ds.export.final import model_source_files
 from adaptive_ds.models import ARCHITECTURES, AdaptiveDSConfig, AdaptiveDSForCausalLM
 from adaptive_ds.models.families import ADAPTIVE_DS, FAMILIES, LLAMA, MIXTRAL, exportable, family_of, register_family
-from adaptive_ds.models.upcycling import initial_tensors, upcycled_settings
+from adaptive_ds.models.upcycling import copies_experts, fixed_fields, initial_tensors, starts, upcycled_settings
 from adaptive_ds.pretrained import Source
 
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -174,3 +174,11 @@ def test_init_from_and_the_export_tell_no_architecture_or_family_apart_by_name()
     package = Path(pretrained.__file__).parent
     files = [package / "pretrained.py", *sorted((package / "export").glob("*.py"))]
     assert {path: _branches(path.read_text()) for path in files} == dict.fromkeys(files, [])
+
+
+def test_the_upcycling_rules_name_which_source_starts_which_architecture():
+    assert [arch for arch in ARCHITECTURES if starts("dense", arch)] == list(ARCHITECTURES)
+    assert [arch for arch in ARCHITECTURES if starts("mod", arch)] == ["mod"]
+    assert [arch for arch in ARCHITECTURES if copies_experts("dense", arch)] == ["moe", "hybrid"]
+    assert not copies_experts("moe", "moe")
+    assert "moe_expert_granularity" in fixed_fields("moe") and "moe_expert_granularity" not in fixed_fields("dense")
