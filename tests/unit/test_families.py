@@ -32,7 +32,8 @@ def test_a_configs_model_type_finds_its_family_and_architecture():
     for config, family, arch in [(LlamaConfig(**SHAPE), LLAMA, "dense"), (MixtralConfig(**SHAPE), MIXTRAL, "moe"),
                                  (AdaptiveDSConfig(arch="hybrid"), ADAPTIVE_DS, "hybrid")]:
         assert family_of(config.model_type) is family and family.architecture(config) == arch
-    assert list(FAMILIES) == ["llama", "mixtral", "adaptive_ds"] and exportable() == ["llama", "mixtral"]
+    assert list(FAMILIES)[:3] == ["llama", "mixtral", "adaptive_ds"] and exportable()[:2] == ["llama", "mixtral"]
+    assert "adaptive_ds" not in exportable()  # ours exports as itself (export.final), not through a conversion
     for family in (LLAMA, MIXTRAL):  # the stock classes as transformers' Auto classes name them
         assert family.class_name == MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family.model_type]
         assert family.config_class is CONFIG_MAPPING[family.model_type]
