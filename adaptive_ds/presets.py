@@ -119,12 +119,12 @@ VARIANTS: dict[str, ArchVariant] = {
                                    about="hybrid:half, dropless"),
 }
 # The architectures, in the order of the tables: the variants named after their own architecture, each what it ships
-# with. models/configuration.py spells them too, for a final/ folder's copy of the model code that stands alone
-# (tests/unit/test_presets.py keeps the two the same).
+# with. The model code registers each (adaptive_ds/models/architectures.py, which a final/ folder's copy carries);
+# this table is the one read before torch is imported (tests/unit/test_presets.py keeps the two the same).
 ARCHITECTURES = tuple(name for name, entry in VARIANTS.items() if name == entry.arch)
 
-# The architectures with experts and with MoD routing (as models/configuration.py has them, which a final/ folder
-# carries alone), and the fields only they read: set for another architecture a field would change nothing, so a run
+# The architectures with experts and with MoD routing (as their specs in models/architectures.py have them), and the
+# fields only they read: set for another architecture a field would change nothing, so a run
 # refuses it (`unused_fields`), before torch is imported (training/arguments.py: preflight).
 MOE_ARCHITECTURES = ("moe", "hybrid")
 MOD_ARCHITECTURES = ("mod", "hybrid")
