@@ -204,7 +204,7 @@ class BlockParameters:
 
     attention: int  # q, k, v, o projections: 2 h^2 + 2 h kv
     norms: int  # the two RMSNorm weights
-    mlp: int  # one SwiGLU MLP, or one routed expert: 3 h f (f / granularity for an expert)
+    mlp: int  # one MLP (SwiGLU: 3 h f; an architecture may bring its own), or one routed expert (3 h f / granularity)
     experts: int  # routed experts in this layer (0: a dense MLP)
     experts_per_token: int
     router: int  # the MoE router (0 in a dense layer)
@@ -238,8 +238,9 @@ def block_parameters(config: AdaptiveDSConfig, layer_idx: int) -> BlockParameter
     common = dict(attention=2 * h * h + 2 * h * kv, norms=2 * h, mod_router=h if mod else 0,
                   mod_predictor=(h + 1) * config.mod_predictor_hidden_size if predictor else 0)
     if not config.is_moe_layer(layer_idx):
-        return BlockParameters(**common, mlp=3 * h * config.intermediate_size, experts=0, experts_per_token=0,
-                               router=0, shared=0)
+        own = config.arch_spec.mlp_parameters  # an architecture's own MLP (models/spec.py); None: SwiGLU
+        mlp = own(config) if own is not None else 3 * h * config.intermediate_size
+        return BlockParameters(**common, mlp=mlp, experts=0, experts_per_token=0, router=0, shared=0)
     expert = 3 * h * config.expert_intermediate_size
     shared = 3 * h * config.shared_intermediate_size
     if config.moe_use_residual:  # an expert-sized MLP and its (h -> 2) mixing coefficient with bias

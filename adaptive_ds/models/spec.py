@@ -4,7 +4,8 @@ The trainer, the planner and the tools never branch on an architecture's name; t
 or its spec (torchtitan's `TrainSpec` plays this part there):
 
 - what it is made of: `moe` (Mixture-of-Experts MLPs, moe.py), `mod` (Mixture-of-Depths blocks, mod.py) and `mlp`,
-  the feed-forward of its other layers (SwiGLU where None), which `modeling.DecoderLayer` builds;
+  the feed-forward of its other layers (SwiGLU where None), which `modeling.DecoderLayer` builds, with its parameter
+  count `mlp_parameters`;
 - `unrouted`: the architecture of the same weights with every block run on every token, against which a MoD
   model's FLOPs reduction is measured (`AdaptiveDSConfig.unrouted`);
 - `zero3_problem`: why it does not train under ZeRO-3, or None where it does (`AdaptiveDSConfig.zero3_problem`);
@@ -39,6 +40,9 @@ class ArchitectureSpec:
     # The MLP of the layers without experts: called with the configuration, returns an nn.Module that maps
     # (batch, seq, hidden) to the same shape; None: SwiGLU of width intermediate_size (modeling.py).
     mlp: Callable[[Any], Any] | None = None
+    # the parameters of one such MLP, from the configuration (None: SwiGLU's 3 x hidden x intermediate): parameter
+    # counts, FLOPs and the planner's memory start from it (adaptive_ds.presets.block_parameters)
+    mlp_parameters: Callable[[Any], int] | None = None
     unrouted: str | None = None  # the architecture with every block run on every token (None: this one)
     # why its training does not run under DeepSpeed's ZeRO stage 3, one clause (None: it does)
     zero3_problem: str | None = None
