@@ -119,12 +119,12 @@ VARIANTS: dict[str, ArchVariant] = {
                                    about="hybrid:half, dropless"),
 }
 # The architectures, in the order of the tables: the variants named after their own architecture, each what it ships
-# with. models/configuration.py spells them too, for a final/ folder's copy of the model code that stands alone
-# (tests/unit/test_presets.py keeps the two the same).
+# with. The model code registers each (adaptive_ds/models/architectures.py, which a final/ folder's copy carries);
+# this table is the one read before torch is imported (tests/unit/test_presets.py keeps the two the same).
 ARCHITECTURES = tuple(name for name, entry in VARIANTS.items() if name == entry.arch)
 
-# The architectures with experts and with MoD routing (as models/configuration.py has them, which a final/ folder
-# carries alone), and the fields only they read: set for another architecture a field would change nothing, so a run
+# The architectures with experts and with MoD routing (as their specs in models/architectures.py have them), and the
+# fields only they read: set for another architecture a field would change nothing, so a run
 # refuses it (`unused_fields`), before torch is imported (training/arguments.py: preflight).
 MOE_ARCHITECTURES = ("moe", "hybrid")
 MOD_ARCHITECTURES = ("mod", "hybrid")
@@ -204,7 +204,7 @@ class BlockParameters:
 
     attention: int  # q, k, v, o projections: 2 h^2 + 2 h kv
     norms: int  # the two RMSNorm weights
-    mlp: int  # one SwiGLU MLP, or one routed expert: 3 h f (f / granularity for an expert)
+    mlp: int  # one MLP (SwiGLU: 3 h f; an architecture may bring its own), or one routed expert (3 h f / granularity)
     experts: int  # routed experts in this layer (0: a dense MLP)
     experts_per_token: int
     router: int  # the MoE router (0 in a dense layer)
@@ -238,8 +238,9 @@ def block_parameters(config: AdaptiveDSConfig, layer_idx: int) -> BlockParameter
     common = dict(attention=2 * h * h + 2 * h * kv, norms=2 * h, mod_router=h if mod else 0,
                   mod_predictor=(h + 1) * config.mod_predictor_hidden_size if predictor else 0)
     if not config.is_moe_layer(layer_idx):
-        return BlockParameters(**common, mlp=3 * h * config.intermediate_size, experts=0, experts_per_token=0,
-                               router=0, shared=0)
+        own = config.arch_spec.mlp_parameters  # an architecture's own MLP (models/spec.py); None: SwiGLU
+        mlp = own(config) if own is not None else 3 * h * config.intermediate_size
+        return BlockParameters(**common, mlp=mlp, experts=0, experts_per_token=0, router=0, shared=0)
     expert = 3 * h * config.expert_intermediate_size
     shared = 3 * h * config.shared_intermediate_size
     if config.moe_use_residual:  # an expert-sized MLP and its (h -> 2) mixing coefficient with bias

@@ -3,7 +3,14 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration import ARCHITECTURES, AdaptiveDSConfig
-from .modeling import AdaptiveDSCausalLMOutput, AdaptiveDSForCausalLM, AdaptiveDSModel, AdaptiveDSPreTrainedModel
+from .modeling import (
+    AdaptiveDSCausalLMOutput,
+    AdaptiveDSForCausalLM,
+    AdaptiveDSModel,
+    AdaptiveDSPreTrainedModel,
+    RoutingStatistics,
+)
+from .spec import ARCH_SPECS, ArchitectureSpec, architecture_spec, register_architecture
 
 AutoConfig.register(AdaptiveDSConfig.model_type, AdaptiveDSConfig, exist_ok=True)
 AutoModel.register(AdaptiveDSConfig, AdaptiveDSModel, exist_ok=True)
@@ -11,9 +18,14 @@ AutoModelForCausalLM.register(AdaptiveDSConfig, AdaptiveDSForCausalLM, exist_ok=
 
 __all__ = [
     "ARCHITECTURES",
+    "ARCH_SPECS",
+    "ArchitectureSpec",
     "AdaptiveDSConfig",
     "AdaptiveDSCausalLMOutput",
     "AdaptiveDSForCausalLM",
     "AdaptiveDSModel",
     "AdaptiveDSPreTrainedModel",
+    "RoutingStatistics",
+    "architecture_spec",
+    "register_architecture",
 ]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from transformers import PreTrainedConfig
 
-ARCHITECTURES = ("dense", "moe", "mod", "hybrid")
+from .architectures import ARCH_SPECS, ArchitectureSpec
+
+# The registered architectures (architectures.py), in the order of the tables
+ARCHITECTURES = tuple(ARCH_SPECS)
 MOD_CAUSAL_ROUTINGS = ("router", "predictor")
 POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "max_position_embeddings", "num_local_experts", "num_experts_per_tok",
@@ -14,8 +18,8 @@ POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
                   "mod_predictor_hidden_size")
 MOE_BALANCING = ("aux_loss", "bias")
 # The architectures with experts and with MoD routing (presets.py names the fields only they read)
-MOE_ARCHITECTURES = ("moe", "hybrid")
-MOD_ARCHITECTURES = ("mod", "hybrid")
+MOE_ARCHITECTURES = tuple(name for name, spec in ARCH_SPECS.items() if spec.moe)
+MOD_ARCHITECTURES = tuple(name for name, spec in ARCH_SPECS.items() if spec.mod)
 
 
 @dataclass(repr=False)
@@ -134,8 +138,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
                  if getattr(self, name) < 1]
         if found:
             return found  # the checks below divide by these
-        if self.arch not in ARCHITECTURES:
-            found.append(f"arch {self.arch!r} is not one of {', '.join(ARCHITECTURES)}")
+        if self.arch not in ARCH_SPECS:
+            found.append(f"arch {self.arch!r} is not one of {', '.join(ARCH_SPECS)}")
         if self.hidden_size % self.num_attention_heads:
             found.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                          f"{self.num_attention_heads}")
@@ -216,12 +220,36 @@ class AdaptiveDSConfig(PreTrainedConfig):
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def arch_spec(self) -> ArchitectureSpec:
+        """What the trainer and the tools ask of this architecture (spec.py)."""
+        return ARCH_SPECS[self.arch]
+
+    @property
     def uses_moe(self) -> bool:
-        return self.arch in MOE_ARCHITECTURES
+        spec = ARCH_SPECS.get(self.arch)  # None: an unknown arch, which problems() reports
+        return spec is not None and spec.moe
 
     @property
     def uses_mod(self) -> bool:
-        return self.arch in MOD_ARCHITECTURES
+        spec = ARCH_SPECS.get(self.arch)
+        return spec is not None and spec.mod
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """The processes one MoE layer's experts are split over: `moe_ep_size`, or 1 without experts."""
+        return self.moe_ep_size if self.uses_moe else 1
+
+    @property
+    def zero3_problem(self) -> str | None:
+        """Why this model does not train under DeepSpeed's ZeRO stage 3, one clause; None where it does."""
+        return self.arch_spec.zero3_problem
+
+    def unrouted(self) -> AdaptiveDSConfig:
+        """This configuration with every block run on every token (MoD off, its experts kept): the baseline of a
+        routed model's FLOPs reduction."""
+        unrouted = copy.copy(self)
+        unrouted.arch = self.arch_spec.unrouted or self.arch
+        return unrouted
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         """MoE MLPs sit in the last layer of every group of `moe_layer_interval` layers."""

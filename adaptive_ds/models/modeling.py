@@ -111,6 +111,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if config.is_moe_layer(layer_idx):
             self.mlp = MoEFeedForward(config)
+        elif config.arch_spec.mlp is not None:  # the architecture's own MLP (spec.py)
+            self.mlp = config.arch_spec.mlp(config)
         else:
             self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
@@ -156,6 +158,19 @@ class AdaptiveDSCausalLMOutput(ModelOutput):
     logits: torch.Tensor | None = None
     cache: Cache | None = None
     lm_loss: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
+    z_loss: torch.Tensor | None = None
+    expert_counts: tuple[torch.Tensor, ...] | None = None
+    expert_dropped: tuple[torch.Tensor, ...] | None = None
+    mod_routing: tuple[MoDRouting, ...] | None = None
+    mod_predictor_loss: torch.Tensor | None = None
+
+
+@dataclass
+class RoutingStatistics:
+    """The routing of one forward (`AdaptiveDSForCausalLM.routing_statistics`): its output without the logits and
+    hidden states, which a trainer keeps across a step's micro-batches. None where the model has no such routing."""
+
     aux_loss: torch.Tensor | None = None
     z_loss: torch.Tensor | None = None
     expert_counts: tuple[torch.Tensor, ...] | None = None
@@ -282,6 +297,43 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         """After an optimizer step: move the MoE routing biases (`moe_balancing="bias"`) by the step's expert
         loads, the `expert_counts` of each of its micro-batches (see `moe.update_routing_bias`)."""
         update_routing_bias(self, step_expert_counts, group)
+
+    # What a trainer asks of the architecture (spec.py), answered here so that the trainer names none.
+    def default_knobs(self) -> dict:
+        """The model's side of a trainer's adjustable knobs as configured: `aux_coef` (the load-balancing loss's
+        coefficient; None without experts, or with bias balancing, where the aux loss is not trained on) and
+        `mod_capacity` (None without MoD blocks)."""
+        config = self.config
+        return {"aux_coef": config.router_aux_loss_coef if config.uses_moe and config.moe_balancing == "aux_loss"
+                else None,
+                "mod_capacity": config.mod_capacity if config.uses_mod else None}
+
+    def apply_knobs(self, knobs) -> None:
+        """Follow a trainer's knobs (any object with `activation_checkpointing`, `aux_coef` and `mod_capacity`, as
+        `default_knobs` names them; a None knob leaves its part as it is). Idempotent."""
+        self.model.gradient_checkpointing = knobs.activation_checkpointing
+        if knobs.aux_coef is not None:  # the loss's coefficient, not the saved configuration's
+            self.router_aux_loss_coef = knobs.aux_coef
+        if knobs.mod_capacity is not None:
+            self.model.set_mod_capacity(knobs.mod_capacity)
+
+    @staticmethod
+    def routing_statistics(output: AdaptiveDSCausalLMOutput) -> RoutingStatistics:
+        """The routing statistics of a forward's output, without its logits and hidden states."""
+        return RoutingStatistics(aux_loss=output.aux_loss, z_loss=output.z_loss, expert_counts=output.expert_counts,
+                                 expert_dropped=output.expert_dropped, mod_routing=output.mod_routing,
+                                 mod_predictor_loss=output.mod_predictor_loss)
+
+    def after_optimizer_step(self, step_routing: list[RoutingStatistics], group=None) -> None:
+        """What follows an optimizer step that was applied, given the routing of each of its micro-batches: the MoE
+        routing biases move by the step's expert loads (bias balancing, `update_routing_bias`); nothing otherwise."""
+        if self.config.uses_moe:
+            self.update_routing_bias([routing.expert_counts for routing in step_routing], group)
+
+    def validation_routings(self) -> tuple[str, ...]:
+        """How validation routes MoD blocks (`AdaptiveDSModel.set_mod_routing`), the honest one first: causal, then
+        with MoD blocks the train-time top-k, which sees the whole sequence."""
+        return ("causal", "topk") if self.config.uses_mod else ("causal",)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep: int = 0, num_items_in_batch=None,

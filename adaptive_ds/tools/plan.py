@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import ds_config as ds_config_reader
 from ..hardware import DEVICES, GPUS
-from ..presets import PRESETS, model_config, parameter_counts
+from ..presets import ARCHITECTURES, PRESETS, model_config, parameter_counts
 from .plan_advice import advise
 from .planner import Plan, host_memory_text, plan, plan_config, plan_ds_config
 
@@ -231,7 +231,7 @@ def format_plan(p: Plan, advice: list = ()) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description="Project memory, speed and cost of a preset on a GPU.")
     p.add_argument("--preset", choices=list(PRESETS))
-    p.add_argument("--arch", default="dense", choices=["dense", "moe", "mod", "hybrid"])
+    p.add_argument("--arch", default="dense", choices=ARCHITECTURES)
     p.add_argument("--gpu", choices=GPUS)
     p.add_argument("--gpus", type=int, help="GPUs (default: what the ds_config's batch sizes imply, else 1)")
     p.add_argument("--ds_config", help="DeepSpeed config: a path, or the name of a shipped config (b1_t4.json) "

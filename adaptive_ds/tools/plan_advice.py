@@ -160,10 +160,10 @@ def _first(levels, candidates: list, attempt) -> Advice | None:
 
 
 def _more_gpus(start: _Start) -> Advice | None:
-    """MoE: expert parallelism over the fewest GPUs that fit (ZeRO stage 1 or 2, as DeepSpeed MoE needs); dense and
-    MoD: ZeRO-3 over the fewest GPUs that fit."""
+    """A model that trains under ZeRO-3 (dense, MoD): ZeRO-3 over the fewest GPUs that fit; one that does not (MoE):
+    expert parallelism over the fewest GPUs that fit (ZeRO stage 1 or 2, as DeepSpeed MoE needs)."""
     counts = start.gpu_counts()
-    if not start.model.uses_moe:
+    if start.model.zero3_problem is None:
         return _first(start.levels, counts, lambda n, words, settings: start.attempt(
             [f"ZeRO-3 across {n} GPUs", *words], gpus=n, **{**settings, "zero_stage": 3}))
     experts, stage = start.model.num_routed_experts, min(start.layout.zero_stage, 2)
@@ -181,7 +181,7 @@ def _more_gpus(start: _Start) -> Advice | None:
 def _fewer_experts(start: _Start) -> Advice | None:
     """The most experts below the configured number that fit (more than the experts per token: still routed)."""
     model = start.model
-    if not model.uses_moe:
+    if not model.arch_spec.moe:
         return None
     counts = [n for n in range(model.num_local_experts - 1, model.num_experts_per_tok, -1)
               if n * model.moe_expert_granularity % model.moe_ep_size == 0]
@@ -194,7 +194,7 @@ def _finer_experts(start: _Start) -> Advice | None:
     """Fewer experts, each split finer (DeepSeekMoE), so that a token still chooses among as many routed experts:
     the most experts below the configured number that fit."""
     model = start.model
-    if not model.uses_moe:
+    if not model.arch_spec.moe:
         return None
     counts = [n for n in range(model.num_local_experts - 1, model.num_experts_per_tok, -1)
               if model.num_local_experts % n == 0
@@ -252,8 +252,8 @@ def advise(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int | None =
     block = ds_config.get("adaptive_ds", {})
     model = model_facts(preset, arch, options.get("vocab_size", 32000), block.get("model")).config
     layout = ds_config_reader.read(ds_config)
-    fixes = ((("ZeRO stage 2 (DeepSpeed MoE does not run at stage 3)", {"zero_stage": 2}),)
-             if model.uses_moe and layout.zero_stage == 3 else ())
+    fixes = (((f"ZeRO stage 2 (arch {arch} does not train at stage 3)", {"zero_stage": 2}),)
+             if model.zero3_problem is not None and layout.zero_stage == 3 else ())
     start = _Start(preset, arch, gpu, ds_config, base.gpus, options, layout,
                    bool(block.get("activation_checkpointing")), model, fixes)
 

@@ -193,7 +193,7 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
     model = model_facts(preset, arch, vocab_size, model_overrides)
     config, counts = model.config, model.counts
     layout = Layout.from_ds_config(ds_config, activation_checkpointing)
-    ep_size = config.moe_ep_size if config.uses_moe else 1
+    ep_size = config.expert_parallel_size
     states_gpu, states_cpu = model_state_bytes(counts.total, model.experts, ep_size, layout, gpus)
     if cpu_process:
         states_gpu += counts.total * (2 if layout.half_precision else 4) + _torch_adam_step_bytes(
@@ -226,9 +226,9 @@ def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, gpu: str, cpu
               host: float | None) -> list[str]:
     """What stops a layout that fits the GPU: what DeepSpeed refuses, and a host too small for the offload."""
     found = []
-    if config.uses_moe and layout.zero_stage == 3:
-        found.append("DeepSpeed MoE does not run under ZeRO stage 3 (stage 1 or 2 with expert parallelism does)")
-    if config.uses_moe and gpus % config.moe_ep_size:
+    if config.zero3_problem is not None and layout.zero_stage == 3:
+        found.append(f"{config.zero3_problem} (stage 1 or 2 does)")
+    if gpus % config.expert_parallel_size:
         found.append(f"moe_ep_size {config.moe_ep_size} needs a multiple of {config.moe_ep_size} GPUs, not {gpus}")
     if host is not None and cpu_gib > host:
         found.append(f"the offloaded optimizer needs {cpu_gib:.1f} GiB of CPU RAM per GPU, more than the "

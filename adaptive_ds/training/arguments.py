@@ -306,11 +306,10 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
             divisors = [d for d in range(1, rows + 1) if rows % d == 0]
             problems.append(f"micro_batch {micro} does not divide the {rows} rows each process trains per step; "
                             f"valid choices: {', '.join(map(str, divisors))}")
-    if model is not None and model.uses_moe and not layout_problems:
-        if ds_config_reader.read(ds_config).zero_stage == 3:
-            problems.append(f"arch {settings.arch} uses DeepSpeed MoE, which does not run under ZeRO-3; "
-                            "use zero_optimization stage 1 or 2 (with expert parallelism)")
-        if world_size % model.moe_ep_size:
+    if model is not None and not layout_problems:
+        if model.zero3_problem is not None and ds_config_reader.read(ds_config).zero_stage == 3:
+            problems.append(f"arch {settings.arch}: {model.zero3_problem}; use zero_optimization stage 1 or 2")
+        if world_size % model.expert_parallel_size:
             problems.append(f"moe_ep_size {model.moe_ep_size} does not divide the world size {world_size}; pass "
                             f"an --ep_size that divides the number of processes")
     if problems:
@@ -409,6 +408,7 @@ def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[Adaptive
     the folder's shape, or None where no preset has it (the run then claims no preset, and its seq_len is the
     folder's max_position_embeddings up to `NO_PRESET_SEQ_LEN`)."""
     from .. import pretrained
+    from ..models.spec import architecture_spec
 
     try:
         source = pretrained.Source.open(settings.init_from)
@@ -417,7 +417,7 @@ def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[Adaptive
     if not preset_named:
         settings.preset = source.matching_preset()
     found = source.problems(settings.arch, settings.model, settings.preset if preset_named else None)
-    if _upcycle_noise(settings) and (source.arch != "dense" or settings.arch not in ("moe", "hybrid")):
+    if _upcycle_noise(settings) and not architecture_spec(source.arch).upcycles_into(architecture_spec(settings.arch)):
         found.append(_noise_needs(settings))
     if found:
         return None, found
@@ -493,8 +493,10 @@ def _apply_variant(settings: RunSettings, arch_given: bool, warn: bool = True) -
     log = logger.warning if warn else logger.debug
     if name in RENAMED_VARIANTS:
         new = VARIANTS[RENAMED_VARIANTS[name]]
-        if arch_given and settings.arch == "hybrid":  # the old spelling set MoD fields, which the hybrid has too
-            log("--variant %s is deprecated; with arch hybrid it is --model '%s'", name, json.dumps(new.model))
+        # the old spelling set MoD fields: with another arch that reads them (the hybrid), it sets them there
+        if arch_given and settings.arch != new.arch and not unused_fields(settings.arch, new.model):
+            log("--variant %s is deprecated; with arch %s it is --model '%s'", name, settings.arch,
+                json.dumps(new.model))
             settings.variant, settings.model = None, {**new.model, **settings.model}
             return
         log("--variant %s is deprecated; it is now spelt --variant %s", name, RENAMED_VARIANTS[name])

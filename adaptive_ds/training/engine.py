@@ -28,14 +28,10 @@ def build_engine(model: AdaptiveDSForCausalLM, ds_config: dict, warmup_steps: in
 
 def configured_knobs(engine: deepspeed.DeepSpeedEngine, activation_checkpointing: bool) -> Knobs:
     """The knobs as the ds_config and settings configure them (the controller's defaults)."""
-    config = engine.module.config
     return Knobs(micro_batch=engine.train_micro_batch_size_per_gpu(),
                  accumulation=engine.gradient_accumulation_steps(),
                  activation_checkpointing=activation_checkpointing,
-                 # with bias balancing the aux loss is not trained on: there is no coefficient to adjust
-                 aux_coef=config.router_aux_loss_coef if config.uses_moe and config.moe_balancing == "aux_loss"
-                 else None,
-                 mod_capacity=config.mod_capacity if config.uses_mod else None)
+                 **engine.module.default_knobs())  # the architecture's: aux_coef, mod_capacity
 
 
 def apply_knobs(engine: deepspeed.DeepSpeedEngine, knobs: Knobs, base_lrs: list[float]) -> None:
@@ -44,12 +40,7 @@ def apply_knobs(engine: deepspeed.DeepSpeedEngine, knobs: Knobs, base_lrs: list[
     no-op."""
     engine.set_train_micro_batch_size(knobs.micro_batch)
     engine.set_train_batch_size(knobs.micro_batch * knobs.accumulation * engine.dp_world_size)
-    model = engine.module
-    model.model.gradient_checkpointing = knobs.activation_checkpointing
-    if knobs.aux_coef is not None:  # the loss's coefficient, not the saved configuration's
-        model.router_aux_loss_coef = knobs.aux_coef
-    if knobs.mod_capacity is not None:
-        model.model.set_mod_capacity(knobs.mod_capacity)
+    engine.module.apply_knobs(knobs)  # activation checkpointing and the architecture's knobs
     scheduler = engine.lr_scheduler
     scheduler.base_lrs = [lr * knobs.lr_scale for lr in base_lrs]
     for group, base, factor in zip(engine.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,

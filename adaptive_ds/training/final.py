@@ -59,7 +59,7 @@ def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase,
         full = AdaptiveDSForCausalLM(model.config)
         full.load_state_dict(state, strict=True)
         model = full.to(next(iter(state.values())).dtype)
-    elif model.config.uses_moe and model.config.moe_ep_size > 1:
+    elif model.config.expert_parallel_size > 1:
         state = _gather_experts(model)
         if not is_writer:
             return

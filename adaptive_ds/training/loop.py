@@ -23,7 +23,6 @@ import math
 import os
 import signal
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -114,7 +113,7 @@ class Trainer:
         model = startup.build_model(self.config, settings, None if self.resume_tag else self.source, self.rank)
         self.engine = build_engine(model, ds_config, settings.warmup_steps, settings.max_steps,
                                    settings.min_lr_ratio, settings.compile)
-        if self.config.uses_moe and self.config.moe_ep_size > 1:
+        if self.config.expert_parallel_size > 1:
             ep_rank = dist.get_rank(expert_parallel_group(self.engine.module))
             assert ep_rank == self.rank % self.config.moe_ep_size, (ep_rank, self.rank)
         distributed.bound_collectives(settings.collective_timeout_s)  # DeepSpeed's own process groups too
@@ -325,13 +324,13 @@ class Trainer:
             self._phase = "optimizer step" if engine.is_gradient_accumulation_boundary() else "backward"
             engine.step()
             loss += out.lm_loss.detach()
-            routing.append(_routing_of(out))
+            routing.append(engine.module.routing_statistics(out))
             del out  # its logits are (micro-batch x seq x vocab): never held across micro-batches
         for sample in routing:  # only once the whole step succeeded: a retried step counts once
             self.window.add(sample)
         applied = engine.was_step_applied()
-        if applied and self.config.uses_moe:  # bias balancing: the step's expert loads move the routing bias
-            engine.module.update_routing_bias([sample.expert_counts for sample in routing])
+        if applied:  # e.g. bias balancing: the step's expert loads move the routing bias
+            engine.module.after_optimizer_step(routing)
         loss /= knobs.accumulation
         if self.world > 1:
             dist.all_reduce(loss)
@@ -357,7 +356,8 @@ class Trainer:
         if stats:
             logger.info("embedded corpus: entropy floor %.3f nats/token, unigram entropy %.3f",
                         stats.entropy_floor, stats.unigram_entropy)
-        validator = Validator(self.validation_batches, settings.eval_steps, settings.max_steps, self.config.uses_mod)
+        validator = Validator(self.validation_batches, settings.eval_steps, settings.max_steps,
+                              self.engine.module.validation_routings())
         last_step, train_loss = self._train_loop(validator)
         summary = {"train_loss": train_loss, "steps": last_step, "tokens_seen": last_step * self.tokens_per_step}
         with clock.phase("eval"):
@@ -532,7 +532,7 @@ class Trainer:
                   "tokens_per_s": window.tokens_per_s(), "window_s": window.busy_seconds(),
                   "skipped_steps": self.engine.skipped_steps, "failed_saves": self.checkpointer.failed_saves,
                   "failed_saves_total": self.checkpointer.failed_saves_total, **self.window.summary()}
-        if self.config.uses_mod:
+        if self.applied.mod_capacity is not None:  # a model with MoD blocks
             record["mod"]["capacity"] = self.applied.mod_capacity
         stats = self.data.statistics
         if stats:
@@ -591,12 +591,6 @@ def _first_batch(batches) -> dict:
     if problems:
         raise ConfigError(problems[0])
     return rows
-
-
-def _routing_of(out) -> SimpleNamespace:
-    """The routing statistics of a forward's output, without its logits and hidden states."""
-    fields = ("expert_counts", "expert_dropped", "aux_loss", "z_loss", "mod_routing", "mod_predictor_loss")
-    return SimpleNamespace(**{name: getattr(out, name) for name in fields})
 
 
 def _describe(summary: dict) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import logging
@@ -43,9 +42,7 @@ class RoutingWindow:
     def __init__(self, config: AdaptiveDSConfig):
         self.config = config
         # FLOPs reduction is against the same model with every block run on every token.
-        unrouted = copy.copy(config)
-        unrouted.arch = "moe" if config.uses_moe else "dense"
-        self._unrouted_flops = training_flops_per_token(unrouted, config.max_position_embeddings)
+        self._unrouted_flops = training_flops_per_token(config.unrouted(), config.max_position_embeddings)
         self.reset()
 
     def reset(self) -> None:

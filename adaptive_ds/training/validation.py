@@ -98,8 +98,9 @@ class Validator:
     run's last step. The loop asks `should_run(step)` after every step, whatever the logging cadence; the end of the
     run takes the validation of its last step (`result_at`) rather than running the same one twice."""
 
-    def __init__(self, batches: list[dict], eval_steps: int, last_step: int, uses_mod: bool):
-        self.batches, self.eval_steps, self.last_step, self.uses_mod = batches, eval_steps, last_step, uses_mod
+    def __init__(self, batches: list[dict], eval_steps: int, last_step: int, routings: tuple[str, ...] = ("causal",)):
+        # routings: the model's `validation_routings()`, the honest one first (MoD: then the train-time top-k)
+        self.batches, self.eval_steps, self.last_step, self.routings = batches, eval_steps, last_step, routings
         self.latest: tuple[int, dict] | None = None  # (step, losses) of the latest validation
 
     def should_run(self, step: int) -> bool:
@@ -107,12 +108,14 @@ class Validator:
 
     def run(self, engine, step: int, micro_batch: int | None = None) -> dict:
         """The held-out losses of the weights at `step`, in forwards of at most `micro_batch` rows."""
-        causal = evaluate(engine, self.batches, micro_batch=micro_batch)
+        first, *others = self.routings
+        causal = evaluate(engine, self.batches, first, micro_batch)
         losses = {"validation_loss": causal.loss, "validation_loss_se": causal.se}
-        if self.uses_mod:
-            topk = evaluate(engine, self.batches, "topk", micro_batch)
-            losses.update(validation_loss_topk_routing=topk.loss, validation_loss_topk_routing_se=topk.se,
-                          validation_causal_routed_share=causal.routed_share)
+        for routing in others:
+            other = evaluate(engine, self.batches, routing, micro_batch)
+            losses.update({f"validation_loss_{routing}_routing": other.loss,
+                           f"validation_loss_{routing}_routing_se": other.se,
+                           f"validation_{first}_routed_share": causal.routed_share})
         self.latest = (step, losses)
         return losses
 
