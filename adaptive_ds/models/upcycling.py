@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .configuration import MOD_ARCHITECTURES, MOE_ARCHITECTURES, AdaptiveDSConfig
+from .spec import architecture_spec
 
 # Reads a tensor of the source by its name there; `index` selects one entry of its first dimension (a stacked expert).
 Reader = Callable[..., torch.Tensor]
@@ -71,8 +72,9 @@ def upcycles(source_arch: str, arch: str) -> bool:
 
 
 def copies_experts(source_arch: str, arch: str) -> bool:
-    """Whether starting `arch` from `source_arch` copies the dense MLPs into experts (what `noise` perturbs)."""
-    return upcycles(source_arch, arch) and arch in MOE_ARCHITECTURES
+    """Whether starting `arch` from `source_arch` copies the dense MLPs into experts (what `noise` perturbs); the
+    architectures' specs decide (`ArchitectureSpec.upcycles_into`)."""
+    return architecture_spec(source_arch).upcycles_into(architecture_spec(arch))
 
 
 def fixed_fields(source_arch: str) -> tuple[str, ...]:

@@ -408,7 +408,7 @@ def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[Adaptive
     the folder's shape, or None where no preset has it (the run then claims no preset, and its seq_len is the
     folder's max_position_embeddings up to `NO_PRESET_SEQ_LEN`)."""
     from .. import pretrained
-    from ..models.spec import architecture_spec
+    from ..models.upcycling import copies_experts
 
     try:
         source = pretrained.Source.open(settings.init_from)
@@ -417,7 +417,7 @@ def init_from_check(settings: RunSettings, preset_named: bool) -> tuple[Adaptive
     if not preset_named:
         settings.preset = source.matching_preset()
     found = source.problems(settings.arch, settings.model, settings.preset if preset_named else None)
-    if _upcycle_noise(settings) and not architecture_spec(source.arch).upcycles_into(architecture_spec(settings.arch)):
+    if _upcycle_noise(settings) and not copies_experts(source.arch, settings.arch):
         found.append(_noise_needs(settings))
     if found:
         return None, found

@@ -23,9 +23,6 @@ from adaptive_ds.presets import ARCHITECTURES
 
 PACKAGE = ROOT / "adaptive_ds"
 KIND_NAMES = {"uses_moe", "uses_mod", "MOE_ARCHITECTURES", "MOD_ARCHITECTURES"}
-# TEMPORARY: these two still branch on architecture names until the import of pretrained families moves into a
-# registry in models/; the allow-list goes then.
-TEMPORARILY_ALLOWED = {"pretrained.py", "export/convert.py"}
 
 
 def _names_in(node: ast.AST) -> set[str]:
@@ -71,7 +68,7 @@ def _checked_files():
     """Every module of the package but models/ and presets.py, and the temporary allow-list."""
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative.startswith("models/") or relative == "presets.py" or relative in TEMPORARILY_ALLOWED:
+        if relative.startswith("models/") or relative == "presets.py":
             continue
         yield relative, path
 
@@ -84,10 +81,6 @@ def test_no_module_outside_models_and_presets_branches_on_an_architecture():
                 for line, what in architecture_branches(path.read_text())]
     assert not branches, "architecture branches outside models/ and presets.py (ask the model or its spec):\n" + \
         "\n".join(branches)
-
-
-def test_the_temporary_allow_list_names_existing_modules():
-    assert all((PACKAGE / name).is_file() for name in TEMPORARILY_ALLOWED)
 
 
 PLANTED = '''\
