@@ -494,10 +494,11 @@ def _apply_variant(settings: RunSettings, arch_given: bool, warn: bool = True) -
     if name in RENAMED_VARIANTS:
         new = VARIANTS[RENAMED_VARIANTS[name]]
         if arch_given and settings.arch == "hybrid":  # the old spelling set MoD fields, which the hybrid has too
-            log("--variant %s is deprecated; with arch hybrid it is --model '%s'", name, json.dumps(new.model))
+            log("--variant %s is deprecated and goes in 0.3; with arch hybrid it is --model '%s'", name,
+                json.dumps(new.model))
             settings.variant, settings.model = None, {**new.model, **settings.model}
             return
-        log("--variant %s is deprecated; it is now spelt --variant %s", name, RENAMED_VARIANTS[name])
+        log("--variant %s is deprecated and goes in 0.3; it is now spelt --variant %s", name, RENAMED_VARIANTS[name])
         settings.variant = name = RENAMED_VARIANTS[name]
     if name not in VARIANTS:
         return  # validate() names the valid choices

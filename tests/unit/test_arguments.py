@@ -200,12 +200,12 @@ def test_an_unknown_variant_or_one_of_another_arch_is_refused_in_one_line(tmp_pa
 
 @pytest.mark.parametrize(("arch", "old", "new", "line"), [
     ("mod", "mod_half", ["--variant", "mod:half"],
-     "--variant mod_half is deprecated; it is now spelt --variant mod:half"),
+     "--variant mod_half is deprecated and goes in 0.3; it is now spelt --variant mod:half"),
     ("mod", "mod_paper", ["--variant", "mod:paper"],
-     "--variant mod_paper is deprecated; it is now spelt --variant mod:paper"),
+     "--variant mod_paper is deprecated and goes in 0.3; it is now spelt --variant mod:paper"),
     # on the hybrid's MoD blocks, the old spelling's fields (no hybrid variant is the hybrid's defaults at capacity 0.5)
     ("hybrid", "mod_half", ["--model", '{"mod_capacity": 0.5, "mod_layer_interval": 1}'],
-     "--variant mod_half is deprecated; with arch hybrid it is --model "
+     "--variant mod_half is deprecated and goes in 0.3; with arch hybrid it is --model "
      "'{\"mod_capacity\": 0.5, \"mod_layer_interval\": 1}'"),
 ])
 def test_an_old_variant_spelling_means_what_it_meant_with_one_warning(arch, old, new, line, caplog):

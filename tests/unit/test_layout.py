@@ -76,12 +76,14 @@ def test_the_import_resolver_on_hand_worked_cases(tmp_path):
 
 @pytest.mark.parametrize(("alias", "tool"), ALIASES.items())
 def test_an_old_tool_path_is_an_alias_that_runs_the_tools_main(alias, tool):
+    """Nothing but its deprecation warning (tests/unit/test_deprecations.py) and the main guard: importing the alias
+    imports no more than `warnings`."""
     path = ROOT / (alias.replace(".", "/") + ".py")
     tree = ast.parse(path.read_text())
-    doc, guard = tree.body[0], tree.body[1:]
+    doc, imported, warning, guard = tree.body
     assert f"`{tool}`" in ast.get_docstring(tree) and isinstance(doc, ast.Expr)
-    (block,) = guard  # nothing but the main guard: importing the alias imports nothing
-    assert ast.unparse(block) == f"if __name__ == '__main__':\n    from {tool} import main\n    main()"
+    assert ast.unparse(imported) == "import warnings" and ast.unparse(warning).startswith("warnings.warn(")
+    assert ast.unparse(guard) == f"if __name__ == '__main__':\n    from {tool} import main\n    main()"
     assert importlib.util.find_spec(tool) is not None
 
 
