@@ -1,8 +1,8 @@
 """Side-by-side training throughput of the architectures at one preset, through the DeepSpeed engine.
 
-    python -m adaptive_ds.benchmark --preset debug --steps 20 --rounds 3
-    python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1
-    python -m adaptive_ds.benchmark --generate --cases dense mod hybrid --micro_batch 1 --trained mod=RUN/final
+    python -m adaptive_ds.tools.benchmark --preset debug --steps 20 --rounds 3
+    python -m adaptive_ds.tools.benchmark --memory --preset debug_200m --cases dense --micro_batch 1
+    python -m adaptive_ds.tools.benchmark --generate --cases dense mod hybrid --micro_batch 1 --trained mod=RUN/final
 
 Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in
 interleaved rounds in one process, so drift in the machine's speed hits them alike; the reported tokens/s is
@@ -177,7 +177,7 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch
               for a, b in RATIOS if a in results and b in results}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
     return {"preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
-            "command": f"python -m adaptive_ds.benchmark --preset {preset} --steps {steps} --rounds {rounds} "
+            "command": f"python -m adaptive_ds.tools.benchmark --preset {preset} --steps {steps} --rounds {rounds} "
                        f"--warmup {warmup} --micro_batch {micro_batch} --precision {precision}"
                        + ("" if list(cases) == list(CASES) else " --cases " + " ".join(cases)),
             "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision,
@@ -237,7 +237,8 @@ def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing:
         measured = peak_rss() - baseline
     predicted = plan(preset, arch, "h200", ds_config, vocab_size=vocab_size, activation_checkpointing=checkpointing,
                      model_overrides=overrides, cpu_process=not torch.cuda.is_available()).peak_gib
-    command = (f"python -m adaptive_ds.benchmark --memory --preset {preset} --cases {case} --micro_batch {micro_batch}"
+    command = (f"python -m adaptive_ds.tools.benchmark --memory --preset {preset} --cases {case} "
+               f"--micro_batch {micro_batch}"
                + (" --checkpointing" if checkpointing else "") + (f" --experts {experts}" if experts else ""))
     return {"preset": preset, "case": case, "arch": arch, "model": overrides, "vocab_size": vocab_size,
             "micro_batch": micro_batch, "seq_len": seq_len, "activation_checkpointing": checkpointing,
@@ -306,8 +307,9 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
         results[name] = {"tokens_per_s": statistics.median(rates[name]), "rounds": rates[name],
                          "trained": trained.get(name), "equal_without_cache": equal,
                          "routed": [float(r.routed.float().mean()) for r in routing or ()]}
-    command = (f"python -m adaptive_ds.benchmark --generate --preset {preset} --cases {' '.join(cases)} --micro_batch "
-               f"{batch} --prompt_len {prompt_len} --new_tokens {new_tokens} --rounds {rounds} --precision {precision}")
+    command = (f"python -m adaptive_ds.tools.benchmark --generate --preset {preset} --cases {' '.join(cases)} "
+               f"--micro_batch {batch} --prompt_len {prompt_len} --new_tokens {new_tokens} --rounds {rounds} "
+               f"--precision {precision}")
     if trained:
         command += " --trained " + " ".join(shlex.quote(f"{name}={path}") for name, path in trained.items())
     return {"preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),

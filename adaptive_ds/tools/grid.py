@@ -1,8 +1,8 @@
 """Benchmark grid: variants (an architecture and its options) x seeds, trained side by side on the same data.
 
-    python -m adaptive_ds.grid --preset debug --tokens 1000000 --data embedded --seeds 1 2 3
-    python -m adaptive_ds.grid --variants dense moe moe:dropless 'moe+{"router_aux_loss_coef": 0}' mod mod:half
-    python -m adaptive_ds.grid --preset debug_200m --ds_config ds_configs/debug_200m_t4.json   (on a GPU)
+    python -m adaptive_ds.tools.grid --preset debug --tokens 1000000 --data embedded --seeds 1 2 3
+    python -m adaptive_ds.tools.grid --variants dense moe moe:dropless 'moe+{"router_aux_loss_coef": 0}' mod mod:half
+    python -m adaptive_ds.tools.grid --preset debug_200m --ds_config ds_configs/debug_200m_t4.json   (on a GPU)
 
 A variant is an architecture plus overrides of its model config (and of the controller's settings): a name of
 `adaptive_ds.presets.VARIANTS` (`python -m adaptive_ds.presets` lists them), or such a name followed by ``+`` and a
@@ -214,7 +214,7 @@ class GridSpec:
         return os.path.join(runs_dir, f"{self.preset}-{self.data_name}-{slug}-seed{seed}-{digest}")
 
     def command(self) -> str:
-        parts = ["python", "-m", "adaptive_ds.grid", "--preset", self.preset, "--tokens", str(self.tokens),
+        parts = ["python", "-m", "adaptive_ds.tools.grid", "--preset", self.preset, "--tokens", str(self.tokens),
                  "--ds_config", self.ds_config, "--data", self.data]
         if self.tokenizer is not None:
             parts += ["--tokenizer", self.tokenizer]

@@ -61,7 +61,7 @@ def test_generation_is_a_report_and_a_section_of_its_own(tmp_path, monkeypatch):
     assert _snapshot(tmp_path / "benchmarks") == before_results
     report = json.loads((tmp_path / "runs" / "benchmark" / "generate_debug_cpu_batch1.json").read_text())
     assert set(report["results"]) == {"dense", "mod"} and report["command"].startswith(
-        "python -m adaptive_ds.benchmark --generate --preset debug")
+        "python -m adaptive_ds.tools.benchmark --generate --preset debug")
 
     monkeypatch.setattr(benchmark, "measure_generation", lambda *args, **kwargs: report)
     main([*argv, "--out", "benchmarks", "--benchmarks_md", "BENCHMARKS.md"])

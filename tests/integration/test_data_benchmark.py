@@ -34,7 +34,7 @@ def test_the_data_benchmark_reports_under_runs_and_publishes_only_when_told(tmp_
     assert (tmp_path / "BENCHMARKS.md").read_bytes() == before_md
     assert _snapshot(tmp_path / "benchmarks") == before_results
     report = json.loads((tmp_path / "runs" / "data_benchmark" / "data_benchmark.json").read_text())
-    assert report["command"] == "python -m adaptive_ds.data.benchmark " + " ".join(argv)
+    assert report["command"] == "python -m adaptive_ds.tools.data_benchmark " + " ".join(argv)
     assert report["corpus_files"] == 2 and report["corpus_tokens"] > 0
     for pipeline in ("streaming_0_workers", "streaming_1_workers", "streaming_2_workers", "prepared_0_workers",
                      "prepared_2_workers"):

@@ -184,7 +184,7 @@ def test_the_breakdown_is_published_only_when_told(tmp_path, monkeypatch):
     assert ((tmp_path / "BENCHMARKS.md").read_bytes(), (tmp_path / "benchmarks" / name).read_bytes()) == before
     assert os.listdir(tmp_path / "benchmarks") == [name]
     report = json.loads((tmp_path / "runs" / "loss_breakdown" / "loss-breakdown_256_hard.json").read_text())
-    assert report["command"] == "python -m adaptive_ds.loss_breakdown " + " ".join(argv)
+    assert report["command"] == "python -m adaptive_ds.tools.loss_breakdown " + " ".join(argv)
     assert report["models"] == {"dense": "model"} and report["blocks"] == 2
 
     main([*argv, "--name", "mine", "--out", "benchmarks", "--benchmarks_md", "BENCHMARKS.md"])

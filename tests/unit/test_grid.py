@@ -134,7 +134,7 @@ def test_report_tables_and_figures_from_synthetic_runs(tmp_path):
     assert c["train_loss_at_equal_flops"]["verdict"] == "better"
     assert report["comparisons"]["moe"]["validation_loss"]["verdict"] is None  # one seed
     text = markdown(report)
-    assert "`python -m adaptive_ds.grid --preset debug --tokens 2000 --ds_config ds.json --data embedded:hard " \
+    assert "`python -m adaptive_ds.tools.grid --preset debug --tokens 2000 --ds_config ds.json --data embedded:hard " \
            "--variants dense mod moe --seeds 1 2 3`" in text and "commit abc1234" in text and "test CPU" in text
     assert "entropy floor 1.5000" in text and "1.5e+12 training FLOPs, 2,000 tokens, 4.0 training seconds" in text
     quality = _table(text, "variant | params")

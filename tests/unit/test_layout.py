@@ -96,8 +96,8 @@ def _cited_modules() -> set[str]:
 
 def test_every_module_path_the_docs_and_reports_cite_runs():
     cited = _cited_modules()
-    assert {"adaptive_ds.grid", "adaptive_ds.plan", "adaptive_ds.benchmark", "adaptive_ds.acceptance",
-            "adaptive_ds.loss_breakdown", "adaptive_ds.data.benchmark", "adaptive_ds.export"} <= cited
+    # the committed reports' commands cite two of the deprecated aliases; the docs cite the tools' own paths
+    assert {"adaptive_ds.grid", "adaptive_ds.benchmark", "adaptive_ds.export", *ALIASES.values()} <= cited
     for module in sorted(cited):
         spec = importlib.util.find_spec(module)
         assert spec is not None, module
