@@ -12,18 +12,10 @@ import pytest
 from helpers.common import ROOT
 
 from adaptive_ds.presets import VARIANTS, ArchVariant, model_config
-from adaptive_ds.tools.grid import (
-    PHASES,
-    GridSpec,
-    _parse_args,
-    assemble,
-    budgets,
-    main,
-    parse_variant,
-    run_row,
-    write_section,
-)
-from adaptive_ds.tools.grid_tables import difference, markdown, plot, spread, verdict
+from adaptive_ds.tools.grid import _parse_args, assemble, main, write_section
+from adaptive_ds.tools.grid_runs import budgets, run_row
+from adaptive_ds.tools.grid_spec import GridSpec, parse_variant
+from adaptive_ds.tools.grid_tables import PHASES, difference, markdown, plot, spread, verdict
 from adaptive_ds.training.arguments import parse
 
 TRAINED = {"commit": "abc1234", "machine": "test CPU", "date": "2026-11-30"}
@@ -380,7 +372,7 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
 def test_a_run_that_validated_off_the_logging_cadence_is_read_by_its_logged_steps(tmp_path):
     """eval_steps need not fall on log_steps: a step that only validated has a record without a train loss, and the
     run's loss curve is its logged steps."""
-    from adaptive_ds.tools.grid import load_run
+    from adaptive_ds.tools.grid_runs import load_run
 
     run_dir = str(tmp_path / "run")
     _finished_run(run_dir, "dense", 1)

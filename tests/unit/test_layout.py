@@ -68,7 +68,7 @@ def test_the_library_never_imports_a_tool():
 
 
 def test_the_import_resolver_on_hand_worked_cases(tmp_path):
-    assert {"adaptive_ds.tools.report", "adaptive_ds.tools.report.commit"} <= _imports(
+    assert {"adaptive_ds.tools.report", "adaptive_ds.tools.report.section_stem"} <= _imports(
         PACKAGE / "tools" / "grid.py")
     assert "adaptive_ds.markdown_sections.replace_section" in _imports(PACKAGE / "training" / "arguments.py")
     assert "adaptive_ds.export.hub" in _imports(PACKAGE / "training" / "loop.py")
