@@ -257,6 +257,18 @@ def memory_key(report: dict) -> str:
             + (f":e{report['experts']}" if report["experts"] != PRESETS[report["preset"]].num_local_experts else ""))
 
 
+def _generation_model(preset: str, name: str, folder: str | None, vocab_size: int, seed: int) -> torch.nn.Module:
+    """Case `name`'s model for generation: the trained one in `folder`, else random weights drawn from `seed`."""
+    torch.manual_seed(seed)
+    if folder is None:
+        return AdaptiveDSForCausalLM(model_config(preset, vocab_size=vocab_size, moe_drop_tokens=False,
+                                                  **CASES[name].model))
+    model = load_any(folder)[0]
+    if model.config.arch != CASES[name].model["arch"]:
+        raise ValueError(f"--trained {name}={folder} is a {model.config.arch} model, not {name}")
+    return model
+
+
 def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: int, new_tokens: int, rounds: int,
                        precision: str = "fp32", seed: int = 0, trained: dict[str, str] | None = None) -> dict:
     """generate() tokens/s of each case: `batch` held-out prompts of `prompt_len` tokens, `new_tokens` greedy
@@ -275,17 +287,8 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     data = build_training_data("embedded", PRESETS[preset].seq_len, seed)
     prompts = data.validation_batches(batch, 1)[0]["input_ids"][:, :prompt_len].to(device)
-    models = {}
-    for name in cases:
-        torch.manual_seed(seed)
-        if name in trained:
-            model = load_any(trained[name])[0]
-            if model.config.arch != CASES[name].model["arch"]:
-                raise ValueError(f"--trained {name}={trained[name]} is a {model.config.arch} model, not {name}")
-        else:
-            model = AdaptiveDSForCausalLM(model_config(preset, vocab_size=len(data.tokenizer), moe_drop_tokens=False,
-                                                       **CASES[name].model))
-        models[name] = model.to(device, dtype).eval()
+    models = {name: _generation_model(preset, name, trained.get(name), len(data.tokenizer), seed).to(device, dtype)
+              .eval() for name in cases}
     steps = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                  pad_token_id=data.tokenizer.pad_token_id)
     rates = {name: [] for name in cases}
@@ -413,7 +416,7 @@ def write_generation_section(path: str, report: dict) -> None:
                     f"generate() tokens/s, {report['preset']}, batch {report['batch']}, {report['machine']}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         allow_abbrev=False, description="Side-by-side training throughput of the architectures.")
     p.add_argument("--preset", default="debug", choices=list(PRESETS))
@@ -441,6 +444,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--new_tokens", type=int, default=128, help="with --generate: tokens generated per prompt")
     p.add_argument("--trained", nargs="+", default=[], metavar="CASE=FOLDER",
                    help="with --generate: trained models (save_pretrained folders) instead of random weights")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = _parser()
     args = p.parse_args(argv)
     distributed.setup_logging(logging.WARNING)
     try:
