@@ -10,20 +10,10 @@ import sys
 
 import pytest
 from helpers.common import ROOT
+from helpers.deprecated import MODULE_ALIASES, TOOL_ALIASES
 
 import adaptive_ds
 
-# The tools' module paths before adaptive_ds.tools, which the commands of committed reports cite: each runs its tool.
-COMMAND_ALIASES = {
-    "adaptive_ds.acceptance": "adaptive_ds.tools.acceptance",
-    "adaptive_ds.benchmark": "adaptive_ds.tools.benchmark",
-    "adaptive_ds.grid": "adaptive_ds.tools.grid",
-    "adaptive_ds.loss_breakdown": "adaptive_ds.tools.loss_breakdown",
-    "adaptive_ds.plan": "adaptive_ds.tools.plan",
-    "adaptive_ds.data.benchmark": "adaptive_ds.tools.data_benchmark",
-}
-# What the zero_to_fp32.py copied into checkpoints of earlier versions imports.
-MODULE_ALIASES = {"adaptive_ds.training.consolidate": "adaptive_ds.training.checkpoint.consolidate"}
 CHANGELOG = (ROOT / "CHANGELOG.md").read_text()
 
 
@@ -40,7 +30,7 @@ def _help(module: str, run) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize(("alias", "tool"), COMMAND_ALIASES.items())
+@pytest.mark.parametrize(("alias", "tool"), TOOL_ALIASES.items())
 def test_an_old_command_path_warns_and_runs_its_tool(alias, tool):
     with pytest.warns(DeprecationWarning, match=rf"python -m {re.escape(alias)} is deprecated and goes in 0\.3: "
                                                 rf"run python -m {re.escape(tool)}$"):
@@ -80,9 +70,9 @@ def test_every_deprecated_path_has_its_removal_version_in_the_changelog():
     section = _versioned_sections()[adaptive_ds.__version__]
     deprecated = section.split("### Deprecated")[1].split("\n### ")[0]
     assert f"deprecated in {major}.{minor}, removed in {major}.{int(minor) + 1}" in deprecated
-    for name in [*COMMAND_ALIASES, *MODULE_ALIASES, "RENAMED_VARIANTS"]:
+    for name in [*TOOL_ALIASES, *MODULE_ALIASES, "RENAMED_VARIANTS"]:
         assert f"`{name}`" in deprecated or f"python -m {name}`" in deprecated, name
     # and each module says so itself, so that a reader of the source finds its removal
-    for name in [*COMMAND_ALIASES, *MODULE_ALIASES]:
+    for name in [*TOOL_ALIASES, *MODULE_ALIASES]:
         source = (ROOT / (name.replace(".", "/") + ".py")).read_text()
         assert f"Deprecated in {major}.{minor}, removed in {major}.{int(minor) + 1}" in " ".join(source.split()), name

@@ -9,7 +9,7 @@ import re
 import shlex
 
 import pytest
-from helpers.common import ROOT
+from helpers.common import ROOT, snapshot
 
 from adaptive_ds.presets import VARIANTS, ArchVariant, model_config
 from adaptive_ds.tools.grid import _parse_args, assemble, main, write_section
@@ -320,11 +320,6 @@ def _finished_run(run_dir: str, arch: str, seed: int) -> None:
                                 **routing}) + "\n")
 
 
-def _snapshot(directory) -> dict[str, bytes]:
-    return {os.path.relpath(os.path.join(d, f), directory): open(os.path.join(d, f), "rb").read()
-            for d, _, names in os.walk(directory) for f in names}
-
-
 def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, monkeypatch, tiny_ds_config):
     """A user's own grid (from the repository's root, as README shows it) writes its JSON and figures under its
     runs directory and leaves BENCHMARKS.md and the committed benchmarks/ byte for byte; --benchmarks_md and --out
@@ -336,7 +331,7 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / published).write_bytes((ROOT / "benchmarks" / published).read_bytes())
     (tmp_path / "BENCHMARKS.md").write_bytes((ROOT / "BENCHMARKS.md").read_bytes())
-    before_md, before_results = (tmp_path / "BENCHMARKS.md").read_bytes(), _snapshot(tmp_path / "benchmarks")
+    before_md, before_results = (tmp_path / "BENCHMARKS.md").read_bytes(), snapshot(tmp_path / "benchmarks")
     assert "<!-- grid:debug:embedded-hard -->" in before_md.decode()
     config = os.path.relpath(tiny_ds_config(), tmp_path)
     argv = ["--preset", "debug", "--data", "embedded:hard", "--variants", "mod", "dense", "--seeds", "7",
@@ -346,7 +341,7 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
         _finished_run(spec.run_dir("runs/grid", variant, 7), variant.arch, 7)
     main(argv)
     assert (tmp_path / "BENCHMARKS.md").read_bytes() == before_md
-    assert _snapshot(tmp_path / "benchmarks") == before_results
+    assert snapshot(tmp_path / "benchmarks") == before_results
     report = json.loads((tmp_path / "runs" / "grid" / "report" / "grid_debug_embedded-hard.json").read_text())
     assert [r["variant"] for r in report["runs"]] == ["mod", "dense"]
     # run directories relative to --runs: the report names no path of the machine that made it

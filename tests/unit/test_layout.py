@@ -8,17 +8,11 @@ import re
 
 import pytest
 from helpers.common import ROOT
+from helpers.deprecated import TOOL_ALIASES
 
 PACKAGE = ROOT / "adaptive_ds"
 # The old module paths of the tools, each now an alias that runs the tool's main.
-ALIASES = {
-    "adaptive_ds.acceptance": "adaptive_ds.tools.acceptance",
-    "adaptive_ds.benchmark": "adaptive_ds.tools.benchmark",
-    "adaptive_ds.grid": "adaptive_ds.tools.grid",
-    "adaptive_ds.loss_breakdown": "adaptive_ds.tools.loss_breakdown",
-    "adaptive_ds.plan": "adaptive_ds.tools.plan",
-    "adaptive_ds.data.benchmark": "adaptive_ds.tools.data_benchmark",
-}
+ALIASES = TOOL_ALIASES
 
 
 def _module_name(path) -> str:
