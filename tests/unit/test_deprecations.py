@@ -43,8 +43,11 @@ def test_the_old_consolidate_module_warns_and_is_the_checkpoint_packages():
     from adaptive_ds.training.checkpoint import consolidate
 
     sys.modules.pop("adaptive_ds.training.consolidate", None)
-    with pytest.warns(DeprecationWarning, match="adaptive_ds.training.consolidate is deprecated and goes in 0.3"):
+    deprecated = "adaptive_ds.training.consolidate is deprecated and goes in 0.3"
+    with pytest.warns(DeprecationWarning, match=deprecated) as caught:
         from adaptive_ds.training.consolidate import main, script_text  # what the earlier scripts import
+    # attributed to the importing code, so that an earlier checkpoint's script, run as __main__, shows it
+    assert [w.filename for w in caught] == [__file__]
     assert (main, script_text) == (consolidate.main, consolidate.script_text)
     # the scripts that checkpoints get now import the module itself, so they keep working after the alias goes
     assert "from adaptive_ds.training.checkpoint import consolidate" in consolidate.script_text("zero_to_fp32.py")
