@@ -38,7 +38,7 @@ golden: setup
 
 # The GPU acceptance run (docs/hardware.md, "GPU acceptance"); a dry run of every stage on a machine without CUDA.
 gpu-check: setup
-	$(BIN)/python -m adaptive_ds.acceptance
+	$(BIN)/python -m adaptive_ds.tools.acceptance
 
 lint: setup
 	$(BIN)/ruff check adaptive_ds launchers tests

@@ -8,7 +8,7 @@ then `AutoModelForCausalLM.from_pretrained(folder)` without `trust_remote_code`.
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # setup.cfg reads it (attr:); CHANGELOG.md heads its entries with it
 __all__ = ["AdaptiveDSConfig", "AdaptiveDSForCausalLM", "AdaptiveDSModel", "__version__"]
 _MODELS = ("AdaptiveDSConfig", "AdaptiveDSForCausalLM", "AdaptiveDSModel")
 

@@ -1,5 +1,12 @@
-"""`python -m adaptive_ds.acceptance` runs `adaptive_ds.tools.acceptance`, the GPU acceptance run: this module path
-is kept for the commands written with it."""
+"""`python -m adaptive_ds.acceptance` runs `adaptive_ds.tools.acceptance`, the GPU acceptance run. Deprecated in 0.2,
+removed in 0.3: the commands that committed reports cite use this module path; new commands use `python -m
+adaptive_ds.tools.acceptance`."""
+
+import warnings
+
+# Attributed to this module: under `python -m` that is __main__, whose DeprecationWarnings Python shows by default.
+warnings.warn("python -m adaptive_ds.acceptance is deprecated and goes in 0.3: "
+              "run python -m adaptive_ds.tools.acceptance", DeprecationWarning, stacklevel=1)
 
 if __name__ == "__main__":
     from adaptive_ds.tools.acceptance import main

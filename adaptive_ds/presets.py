@@ -150,6 +150,7 @@ def unused_fields(arch: str, names) -> list[str]:
     return found
 
 # Spellings of variants before they were named ARCH:OPTION: `--variant` still takes them (with a warning).
+# Deprecated in 0.2, removed in 0.3 (CHANGELOG.md).
 RENAMED_VARIANTS = {"mod_paper": "mod:paper", "mod_half": "mod:half"}
 
 
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<20}{entry.arch:<8}{json.dumps(entry.model)}{controller}")
         print(f"{'':<28}{entry.about}")
     renamed = ", ".join(f"{old} -> {new}" for old, new in RENAMED_VARIANTS.items())
-    print(f"renamed (--variant still takes the old spelling, with a warning): {renamed}")
+    print(f"renamed (--variant still takes the old spelling, with a warning, until 0.3): {renamed}")
 
 if __name__ == "__main__":
     main()

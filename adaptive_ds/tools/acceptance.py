@@ -1,6 +1,6 @@
 """One acceptance command for a CUDA machine, and a dry run of the same stages everywhere else.
 
-    python -m adaptive_ds.acceptance [--out F] [--benchmarks_md BENCHMARKS.md] [--stages ...] [--micro_batch N]
+    python -m adaptive_ds.tools.acceptance [--out F] [--benchmarks_md BENCHMARKS.md] [--stages ...] [--micro_batch N]
 
 On a CUDA machine (sized for one H200, each stage within its limit in `TIMEOUT_S`, DeepSpeed's op builds
 included), in this order:
@@ -450,7 +450,7 @@ def write(report: dict, out: str, benchmarks_md: str | None) -> None:
     if benchmarks_md:
         kind = "dry" if report["dry_run"] else "gpu"
         replace_section(benchmarks_md, f"acceptance:{kind}", markdown(report),
-                        f"GPU acceptance (`python -m adaptive_ds.acceptance`), {report['machine']}")
+                        f"GPU acceptance (`python -m adaptive_ds.tools.acceptance`), {report['machine']}")
         bench = report["stages"].get("benchmark", {})
         if bench.get("ok"):
             benchmark.write_section(benchmarks_md, bench)
@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         p.error(f"--out {out!r}: cannot make its folder ({error.strerror})")
-    command = shlex.join(["python", "-m", "adaptive_ds.acceptance", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "adaptive_ds.tools.acceptance", *(sys.argv[1:] if argv is None else argv)])
     report = run(args.stages, dry, args.micro_batch, command)
     write(report, out, args.benchmarks_md)
     print("\n".join(summary_lines(report, out)))

@@ -1,8 +1,8 @@
 """Side-by-side training throughput of the architectures at one preset, through the DeepSpeed engine.
 
-    python -m adaptive_ds.benchmark --preset debug --steps 20 --rounds 3
-    python -m adaptive_ds.benchmark --memory --preset debug_200m --cases dense --micro_batch 1
-    python -m adaptive_ds.benchmark --generate --cases dense mod hybrid --micro_batch 1 --trained mod=RUN/final
+    python -m adaptive_ds.tools.benchmark --preset debug --steps 20 --rounds 3
+    python -m adaptive_ds.tools.benchmark --memory --preset debug_200m --cases dense --micro_batch 1
+    python -m adaptive_ds.tools.benchmark --generate --cases dense mod hybrid --micro_batch 1 --trained mod=RUN/final
 
 Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in
 interleaved rounds in one process, so drift in the machine's speed hits them alike; the reported tokens/s is
@@ -177,7 +177,7 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch
               for a, b in RATIOS if a in results and b in results}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
     return {"preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
-            "command": f"python -m adaptive_ds.benchmark --preset {preset} --steps {steps} --rounds {rounds} "
+            "command": f"python -m adaptive_ds.tools.benchmark --preset {preset} --steps {steps} --rounds {rounds} "
                        f"--warmup {warmup} --micro_batch {micro_batch} --precision {precision}"
                        + ("" if list(cases) == list(CASES) else " --cases " + " ".join(cases)),
             "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision,
@@ -237,7 +237,8 @@ def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing:
         measured = peak_rss() - baseline
     predicted = plan(preset, arch, "h200", ds_config, vocab_size=vocab_size, activation_checkpointing=checkpointing,
                      model_overrides=overrides, cpu_process=not torch.cuda.is_available()).peak_gib
-    command = (f"python -m adaptive_ds.benchmark --memory --preset {preset} --cases {case} --micro_batch {micro_batch}"
+    command = (f"python -m adaptive_ds.tools.benchmark --memory --preset {preset} --cases {case} "
+               f"--micro_batch {micro_batch}"
                + (" --checkpointing" if checkpointing else "") + (f" --experts {experts}" if experts else ""))
     return {"preset": preset, "case": case, "arch": arch, "model": overrides, "vocab_size": vocab_size,
             "micro_batch": micro_batch, "seq_len": seq_len, "activation_checkpointing": checkpointing,
@@ -254,6 +255,18 @@ def memory_key(report: dict) -> str:
     return (f"memory:{report['preset']}:{report['device']}:{report['case']}:mb{report['micro_batch']}"
             + (":checkpointing" if report["activation_checkpointing"] else "")
             + (f":e{report['experts']}" if report["experts"] != PRESETS[report["preset"]].num_local_experts else ""))
+
+
+def _generation_model(preset: str, name: str, folder: str | None, vocab_size: int, seed: int) -> torch.nn.Module:
+    """Case `name`'s model for generation: the trained one in `folder`, else random weights drawn from `seed`."""
+    torch.manual_seed(seed)
+    if folder is None:
+        return AdaptiveDSForCausalLM(model_config(preset, vocab_size=vocab_size, moe_drop_tokens=False,
+                                                  **CASES[name].model))
+    model = load_any(folder)[0]
+    if model.config.arch != CASES[name].model["arch"]:
+        raise ValueError(f"--trained {name}={folder} is a {model.config.arch} model, not {name}")
+    return model
 
 
 def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: int, new_tokens: int, rounds: int,
@@ -274,17 +287,8 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     data = build_training_data("embedded", PRESETS[preset].seq_len, seed)
     prompts = data.validation_batches(batch, 1)[0]["input_ids"][:, :prompt_len].to(device)
-    models = {}
-    for name in cases:
-        torch.manual_seed(seed)
-        if name in trained:
-            model = load_any(trained[name])[0]
-            if model.config.arch != CASES[name].model["arch"]:
-                raise ValueError(f"--trained {name}={trained[name]} is a {model.config.arch} model, not {name}")
-        else:
-            model = AdaptiveDSForCausalLM(model_config(preset, vocab_size=len(data.tokenizer), moe_drop_tokens=False,
-                                                       **CASES[name].model))
-        models[name] = model.to(device, dtype).eval()
+    models = {name: _generation_model(preset, name, trained.get(name), len(data.tokenizer), seed).to(device, dtype)
+              .eval() for name in cases}
     steps = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                  pad_token_id=data.tokenizer.pad_token_id)
     rates = {name: [] for name in cases}
@@ -306,8 +310,9 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
         results[name] = {"tokens_per_s": statistics.median(rates[name]), "rounds": rates[name],
                          "trained": trained.get(name), "equal_without_cache": equal,
                          "routed": [float(r.routed.float().mean()) for r in routing or ()]}
-    command = (f"python -m adaptive_ds.benchmark --generate --preset {preset} --cases {' '.join(cases)} --micro_batch "
-               f"{batch} --prompt_len {prompt_len} --new_tokens {new_tokens} --rounds {rounds} --precision {precision}")
+    command = (f"python -m adaptive_ds.tools.benchmark --generate --preset {preset} --cases {' '.join(cases)} "
+               f"--micro_batch {batch} --prompt_len {prompt_len} --new_tokens {new_tokens} --rounds {rounds} "
+               f"--precision {precision}")
     if trained:
         command += " --trained " + " ".join(shlex.quote(f"{name}={path}") for name, path in trained.items())
     return {"preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
@@ -411,7 +416,7 @@ def write_generation_section(path: str, report: dict) -> None:
                     f"generate() tokens/s, {report['preset']}, batch {report['batch']}, {report['machine']}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         allow_abbrev=False, description="Side-by-side training throughput of the architectures.")
     p.add_argument("--preset", default="debug", choices=list(PRESETS))
@@ -439,6 +444,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--new_tokens", type=int, default=128, help="with --generate: tokens generated per prompt")
     p.add_argument("--trained", nargs="+", default=[], metavar="CASE=FOLDER",
                    help="with --generate: trained models (save_pretrained folders) instead of random weights")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = _parser()
     args = p.parse_args(argv)
     distributed.setup_logging(logging.WARNING)
     try:

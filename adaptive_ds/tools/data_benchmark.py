@@ -1,6 +1,6 @@
 """The data pipeline's throughput and resume time, beside the tokens/s the shipped GPU configs need.
 
-    python -m adaptive_ds.data.benchmark [--corpus_mb 16] [--steps 200]
+    python -m adaptive_ds.tools.data_benchmark [--corpus_mb 16] [--steps 200]
 
 Builds a local C4-format corpus under --work (gzipped JSON lines of {"text", "timestamp", "url"}, from the
 docstrings of the installed Python packages, `adaptive_ds.data.docstrings`: text available offline), trains a 32k
@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     needs = gpu_needs()  # before hours of measuring: a config the planner cannot read fails now
     _corpus(args.work, args.files, args.corpus_mb)
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
-              "command": "python -m adaptive_ds.data.benchmark " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "command": "python -m adaptive_ds.tools.data_benchmark "
+                         + " ".join(argv if argv is not None else sys.argv[1:]),
               "seq_len": SEQ_LEN, "rows": ROWS, "steps": args.steps, **measure(args.work, args.steps),
               "gpu_needs": needs}
     text = markdown(report)

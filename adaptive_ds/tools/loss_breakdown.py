@@ -10,7 +10,7 @@ Fact values are split by their entity's Zipf rank; each bucket also shows how ma
 `--train_tokens` tokens stated each of its facts (counted on the run's own training stream), which separates a
 fact the model has not seen often enough from one it has no room for.
 
-    python -m adaptive_ds.loss_breakdown --models dense=RUNS/dense-seed1/final moe=RUNS/moe-seed1/final --seed 1
+    python -m adaptive_ds.tools.loss_breakdown --models dense=RUNS/dense-seed1/final moe=RUNS/moe-seed1/final --seed 1
 
 `--seed` must be the runs' training seed: the held-out blocks are that run's validation stream. The models run
 on the CPU (a debug-preset model scores 256 blocks in seconds).
@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> None:
         report = breakdown(dict(args.models), args.seed, args.blocks, args.train_tokens, args.tier)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"loss_breakdown: {e}")
-    report["command"] = "python -m adaptive_ds.loss_breakdown " + " ".join(argv if argv is not None else sys.argv[1:])
+    report["command"] = ("python -m adaptive_ds.tools.loss_breakdown "
+                         + " ".join(argv if argv is not None else sys.argv[1:]))
     key = section_key(report, args.name)
     text = markdown(report)
     print(text)

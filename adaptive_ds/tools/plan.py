@@ -1,6 +1,6 @@
 """Memory and throughput planner: does a preset fit a GPU, how fast can it run, what does it cost?
 
-    python -m adaptive_ds.plan --preset b1 --arch moe --gpu t4 [--ds_config F] [--gpus N] [--tokens N]
+    python -m adaptive_ds.tools.plan --preset b1 --arch moe --gpu t4 [--ds_config F] [--gpus N] [--tokens N]
 
 The command and its tables; the projection itself (what is counted, and how) is tools/planner.py, and what runs
 instead of a plan that does not, tools/plan_advice.py.
@@ -132,7 +132,8 @@ def projections_markdown(config_dir: str = ds_config_reader.SHIPPED_DIR, mfu: fl
     """The projected tables of BENCHMARKS.md, one per preset, each followed by what runs instead of its rows that
     do not."""
     lines = [
-        f"Projected by `python -m adaptive_ds.plan --write BENCHMARKS.md` (the planner's model, not measurements): "
+        "Projected by `python -m adaptive_ds.tools.plan --write BENCHMARKS.md` "
+        f"(the planner's model, not measurements): "
         f"vocabulary 32,000, one token budget per preset for every architecture (Chinchilla for the dense model: 20 "
         f"tokens per parameter), {100 * mfu:.0f}% MFU assumed, "
         "prices from `adaptive_ds/hardware.py`. Loss, perplexity and routing statistics are not projected: only a "

@@ -1,5 +1,6 @@
-"""The planner's model: does a preset fit a GPU, how fast can it run, what does it cost? (`python -m adaptive_ds.plan`,
-tools/plan.py, is its command and its tables; tools/plan_advice.py what runs instead of a plan that does not.)
+"""The planner's model: does a preset fit a GPU, how fast can it run, what does it cost? (`python -m
+adaptive_ds.tools.plan`, tools/plan.py, is its command and its tables; tools/plan_advice.py what runs instead of a plan
+that does not.)
 
 Everything here is a projection from a stated model, not a measurement:
 

@@ -495,11 +495,11 @@ def _apply_variant(settings: RunSettings, arch_given: bool, warn: bool = True) -
         new = VARIANTS[RENAMED_VARIANTS[name]]
         # the old spelling set MoD fields: with another arch that reads them (the hybrid), it sets them there
         if arch_given and settings.arch != new.arch and not unused_fields(settings.arch, new.model):
-            log("--variant %s is deprecated; with arch %s it is --model '%s'", name, settings.arch,
+            log("--variant %s is deprecated and goes in 0.3; with arch %s it is --model '%s'", name, settings.arch,
                 json.dumps(new.model))
             settings.variant, settings.model = None, {**new.model, **settings.model}
             return
-        log("--variant %s is deprecated; it is now spelt --variant %s", name, RENAMED_VARIANTS[name])
+        log("--variant %s is deprecated and goes in 0.3; it is now spelt --variant %s", name, RENAMED_VARIANTS[name])
         settings.variant = name = RENAMED_VARIANTS[name]
     if name not in VARIANTS:
         return  # validate() names the valid choices

@@ -179,10 +179,6 @@ class Controller:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
 
-    def note(self, step: int, trigger: dict, action: str) -> None:
-        """Record a decision taken on the controller's behalf (e.g. the micro-batch search's start)."""
-        self._decide(step, trigger, action)
-
     # memory
     def start_micro_batch_search(self) -> None:
         """`--micro_batch auto`: the first step starts with the whole step's rows in one micro-batch."""

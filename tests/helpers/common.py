@@ -129,3 +129,25 @@ def output_within(process: subprocess.Popen, timeout: int) -> str:
         output, _ = process.communicate()
         raise AssertionError(f"still running after {timeout} s:\n{output[-3000:]}") from None
     return output
+
+
+def debug_cpu_config(tmp_path, **changes) -> str:
+    """ds_configs/debug_cpu.json written to tmp_path/ds.json with `changes`: top-level keys replaced, and `block`'s
+    keys set in its adaptive_ds block."""
+    with open(DEBUG_CPU) as f:
+        config = json.load(f)
+    for key, value in changes.items():
+        if key == "block":
+            config["adaptive_ds"].update(value)
+        else:
+            config[key] = value
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def snapshot(directory) -> dict[str, bytes]:
+    """Every file below `directory` (its path relative to it) and its bytes: a test compares two to see that nothing
+    was written."""
+    return {os.path.relpath(os.path.join(d, f), directory): open(os.path.join(d, f), "rb").read()
+            for d, _, names in os.walk(directory) for f in names}

@@ -1,12 +1,19 @@
-"""A small text corpus for the data tests: its documents, a C4-format shard of them, and a prepared directory."""
+"""Small text corpora for the data tests: their documents, a C4-format shard of them, a prepared directory, and a
+corpus in each format the text reader takes."""
 
 import gzip
 import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from adaptive_ds.data.prepare import PrepareArguments, prepare
 
 DOCS = [f"doc{i:03d} " + " ".join(["the river runs", "a cat sleeps", "seven plus two"][i % 3] for _ in range(i % 7 + 1))
         for i in range(240)]
+# 60 shorter documents, one corpus file in each format (write_format)
+FORMAT_DOCS = [f"doc{i:03d} " + " ".join(["the river runs", "a cat sleeps", "seven plus two"][i % 3]
+                                         for _ in range(i % 5 + 1)) for i in range(60)]
 
 
 def write_c4(path, docs=DOCS):
@@ -24,3 +31,20 @@ def prepared(tmp_path, name="prep", docs=DOCS, **arguments):
     args = PrepareArguments(source, **{"tokenizer": "bpe:320", "validation_share": 0.1, **arguments})
     prepare(args, out, workers=2, batch_docs=16, shard_tokens=1000)
     return out
+
+
+def write_format(tmp_path, fmt: str) -> str:
+    """FORMAT_DOCS as one file of format `fmt` (jsonl with a "content" column, C4's gzipped shard, parquet, or plain
+    text, one document a line) in tmp_path; returns its path."""
+    if fmt == "jsonl":
+        path = tmp_path / "corpus.jsonl"
+        path.write_text("".join(json.dumps({"content": d}) + "\n" for d in FORMAT_DOCS))
+    elif fmt == "c4":  # C4's own shards: gzipped JSON lines with text, timestamp, url
+        path = write_c4(tmp_path / "c4-train.00000-of-01024.json.gz", FORMAT_DOCS)
+    elif fmt == "parquet":
+        path = tmp_path / "corpus.parquet"
+        pq.write_table(pa.table({"text": FORMAT_DOCS}), path)
+    else:
+        path = tmp_path / "corpus.txt"
+        path.write_text("\n".join(FORMAT_DOCS) + "\n")
+    return str(path)

@@ -1,4 +1,4 @@
-"""`python -m adaptive_ds.acceptance` without CUDA: a dry run of every stage at tiny sizes on CPU, so the GPU
+"""`python -m adaptive_ds.tools.acceptance` without CUDA: a dry run of every stage at tiny sizes on CPU, so the GPU
 acceptance command cannot rot unseen; and one stage in a process of its own, as a CUDA machine runs each."""
 
 import json

@@ -1,30 +1,16 @@
 """Bad settings stop the training command (and its launcher) with one line, before the process group exists and
 without touching earlier outputs."""
 
-import json
 import sys
 
 import pytest
-from helpers.common import DEBUG_CPU
-
-
-def _config(tmp_path, **changes):
-    with open(DEBUG_CPU) as f:
-        config = json.load(f)
-    for key, value in changes.items():
-        if key == "block":
-            config["adaptive_ds"].update(value)
-        else:
-            config[key] = value
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+from helpers.common import DEBUG_CPU, debug_cpu_config
 
 
 def test_bad_model_overrides_stop_training_before_the_process_group_and_the_output(tmp_path, run_command):
     # A fresh interpreter: in this one an earlier test's run may have left a process group behind.
     out = tmp_path / "run"
-    path = _config(tmp_path, block={"arch": "mod", "model": {"mod_capacity": 2}})
+    path = debug_cpu_config(tmp_path, block={"arch": "mod", "model": {"mod_capacity": 2}})
     code = ("import sys, torch.distributed as dist; from adaptive_ds.training import train; "
             "from adaptive_ds.training.arguments import ConfigError\n"
             f"try: train(['--ds_config', {path!r}, '--output_dir', {str(out)!r}])\n"

@@ -11,7 +11,8 @@ import signal
 import sys
 
 import pytest
-from helpers.common import ends_within, write_ds_config
+from helpers.bad_data import GOOD, refused, write_file
+from helpers.common import ends_within
 from helpers.corpora import DOCS, prepared
 
 from adaptive_ds.data.text import is_validation, train_bpe_tokenizer
@@ -19,41 +20,11 @@ from adaptive_ds.ds_config import ConfigError
 from adaptive_ds.training import train
 from adaptive_ds.training.__main__ import main
 
-GOOD = "".join(json.dumps({"text": d}) + "\n" for d in DOCS[:40])
-
-
-def refused(tmp_path, capfd, data: str, output_dir=None, **block) -> str:
-    """The one line the training command ends with on `data` (checked: one line, no traceback, and the output
-    directory not created)."""
-    config = write_ds_config(tmp_path, data=data, **{"tokenizer": "bpe:300", "max_steps": 2, **block})
-    out = output_dir or tmp_path / "run"
-    existed = out.exists()
-    capfd.readouterr()  # only what the command writes
-    sigterm = signal.getsignal(signal.SIGTERM)  # main() installs its own
-    try:
-        with ends_within(120), pytest.raises(SystemExit) as stopped:
-            main(["--ds_config", config, "--output_dir", str(out)])
-    finally:
-        signal.signal(signal.SIGTERM, sigterm)
-    err = capfd.readouterr().err
-    message = err.splitlines()[-1] if err else ""
-    assert stopped.value.code == 1 and message.startswith("error: "), err[-3000:]
-    assert "Traceback" not in err
-    assert out.exists() == existed
-    return message
-
-
-def _write(path, content: bytes | str):
-    if isinstance(content, str):
-        content = content.encode()
-    path.write_bytes(content)
-    return str(path)
-
 
 @pytest.mark.slow
 def test_a_source_whose_only_record_is_unreadable_ends_at_once(tmp_path, run_command, tiny_ds_config):
     # Once an endless loop: every epoch skipped the record and started the next one, and SIGTERM did not stop it.
-    source = _write(tmp_path / "corpus.jsonl", b'{"text": "bad \xff\xfe bytes"}\n')
+    source = write_file(tmp_path / "corpus.jsonl", b'{"text": "bad \xff\xfe bytes"}\n')
     config = tiny_ds_config(data=source, tokenizer="bpe:300", max_steps=3)
     out = tmp_path / "run"
     result = run_command([sys.executable, "launchers/train.py", "--ds_config", config, "--output_dir", str(out)],
@@ -68,7 +39,7 @@ def test_a_source_whose_only_record_is_unreadable_ends_at_once(tmp_path, run_com
 def test_records_whose_text_is_not_a_string_are_skipped_and_counted(tmp_path, tiny_ds_config):
     # A first record holding a number used to refuse the whole source as if the field were missing.
     bad = '{"text": 7}\n{"text": null}\n{"text": ["a list"]}\n{"url": "no text field"}\n'
-    source = _write(tmp_path / "corpus.jsonl", bad + GOOD)
+    source = write_file(tmp_path / "corpus.jsonl", bad + GOOD)
     config = tiny_ds_config(data=source, tokenizer="bpe:300", validation_share=0.2, max_steps=1)
     summary = train(["--ds_config", config, "--output_dir", str(tmp_path / "run")])
     assert summary["data_skipped"] == {"not_text": 3, "missing_field": 1}
@@ -132,7 +103,7 @@ def _held_out_only(tmp_path, seed: int, share: float) -> tuple[str, list[str]]:
     """A source whose every document is held out for validation at (seed, share): no training block at all."""
     held_out = [d for d in DOCS if is_validation(d, seed, share)]
     assert len(held_out) > 20
-    return _write(tmp_path / "held_out.jsonl", "".join(json.dumps({"text": d}) + "\n" for d in held_out)), held_out
+    return write_file(tmp_path / "held_out.jsonl", "".join(json.dumps({"text": d}) + "\n" for d in held_out)), held_out
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -152,7 +123,7 @@ def test_a_stream_without_a_training_block_is_refused_not_read_forever(tmp_path,
 def test_a_rank_without_records_is_refused_in_one_line(tmp_path):
     from adaptive_ds.data.streaming import StreamingData
 
-    source = _write(tmp_path / "one.jsonl", json.dumps({"text": DOCS[0]}) + "\n")  # two ranks, one record
+    source = write_file(tmp_path / "one.jsonl", json.dumps({"text": DOCS[0]}) + "\n")  # two ranks, one record
     tok = train_bpe_tokenizer(iter(DOCS), vocab_size=300)
     data = StreamingData(source, tok, 16, seed=3, text_field="text", hub_config=None, validation_share=0.01,
                          window_docs=7, workers=1)
@@ -185,7 +156,7 @@ def test_data_that_fails_on_one_rank_stops_every_rank_with_its_line(tmp_path, ru
     lines = []
     for doc in DOCS[:60]:
         lines += [json.dumps({"text": doc}) + "\n", "{not json\n"]
-    source = _write(tmp_path / "corpus.jsonl", "".join(lines))
+    source = write_file(tmp_path / "corpus.jsonl", "".join(lines))
     config = tiny_ds_config(data=source, tokenizer="bpe:300", validation_share=0.2, max_steps=2)
     done = run_command(["torchrun", "--nproc_per_node", "2", "launchers/train.py", "--ds_config", config,
                         "--output_dir", str(tmp_path / "run")], timeout=300)

@@ -3,18 +3,12 @@ the repository's committed results (benchmarks/, BENCHMARKS.md) only when told, 
 report."""
 
 import json
-import os
 import re
 
-from helpers.common import ROOT
+from helpers.common import ROOT, snapshot
 
 from adaptive_ds.tools import benchmark
 from adaptive_ds.tools.benchmark import generation_markdown, main, markdown
-
-
-def _snapshot(directory) -> dict[str, bytes]:
-    return {os.path.relpath(os.path.join(d, f), directory): open(os.path.join(d, f), "rb").read()
-            for d, _, names in os.walk(directory) for f in names}
 
 
 def _published_copy(tmp_path, monkeypatch) -> tuple[bytes, dict[str, bytes]]:
@@ -24,7 +18,7 @@ def _published_copy(tmp_path, monkeypatch) -> tuple[bytes, dict[str, bytes]]:
     for name in ("throughput_debug_cpu.json", "grid_debug_embedded-hard.json"):
         (tmp_path / "benchmarks" / name).write_bytes((ROOT / "benchmarks" / name).read_bytes())
     (tmp_path / "BENCHMARKS.md").write_bytes((ROOT / "BENCHMARKS.md").read_bytes())
-    return (tmp_path / "BENCHMARKS.md").read_bytes(), _snapshot(tmp_path / "benchmarks")
+    return (tmp_path / "BENCHMARKS.md").read_bytes(), snapshot(tmp_path / "benchmarks")
 
 
 def _section(path, key: str) -> str:
@@ -38,7 +32,7 @@ def test_throughput_is_published_only_when_told(tmp_path, monkeypatch):
             "--precision", "fp32", "--cases", "dense", "mod"]
     main(argv)
     assert (tmp_path / "BENCHMARKS.md").read_bytes() == before_md
-    assert _snapshot(tmp_path / "benchmarks") == before_results
+    assert snapshot(tmp_path / "benchmarks") == before_results
     report = json.loads((tmp_path / "runs" / "benchmark" / "throughput_debug_cpu.json").read_text())
     assert set(report["results"]) == {"dense", "mod"} and "--cases dense mod" in report["command"]
 
@@ -58,10 +52,10 @@ def test_generation_is_a_report_and_a_section_of_its_own(tmp_path, monkeypatch):
             "--new_tokens", "3", "--rounds", "1"]
     main(argv)
     assert (tmp_path / "BENCHMARKS.md").read_bytes() == before_md
-    assert _snapshot(tmp_path / "benchmarks") == before_results
+    assert snapshot(tmp_path / "benchmarks") == before_results
     report = json.loads((tmp_path / "runs" / "benchmark" / "generate_debug_cpu_batch1.json").read_text())
     assert set(report["results"]) == {"dense", "mod"} and report["command"].startswith(
-        "python -m adaptive_ds.benchmark --generate --preset debug")
+        "python -m adaptive_ds.tools.benchmark --generate --preset debug")
 
     monkeypatch.setattr(benchmark, "measure_generation", lambda *args, **kwargs: report)
     main([*argv, "--out", "benchmarks", "--benchmarks_md", "BENCHMARKS.md"])

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from adaptive_ds.models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 from adaptive_ds.training import train
-from adaptive_ds.training.consolidate import main, script_text
+from adaptive_ds.training.checkpoint.consolidate import main, script_text
 
 MODEL = {"num_hidden_layers": 2}
 EXPERT = ".deepspeed_experts."

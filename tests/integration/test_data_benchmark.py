@@ -8,16 +8,11 @@ import re
 import shutil
 
 import pytest
-from helpers.common import ROOT
+from helpers.common import ROOT, snapshot
 
 from adaptive_ds.tools import data_benchmark
 from adaptive_ds.tools.data_benchmark import main, markdown
 from adaptive_ds.tools.plan import SCENARIOS, plan_config
-
-
-def _snapshot(directory) -> dict[str, bytes]:
-    return {os.path.relpath(os.path.join(d, f), directory): open(os.path.join(d, f), "rb").read()
-            for d, _, names in os.walk(directory) for f in names}
 
 
 @pytest.mark.slow  # builds, prepares and streams a small corpus, with DataLoader worker processes
@@ -28,13 +23,13 @@ def test_the_data_benchmark_reports_under_runs_and_publishes_only_when_told(tmp_
     (tmp_path / "benchmarks" / name).write_bytes((ROOT / "benchmarks" / name).read_bytes())
     (tmp_path / "BENCHMARKS.md").write_bytes((ROOT / "BENCHMARKS.md").read_bytes())
     shutil.copytree(ROOT / "ds_configs", tmp_path / "ds_configs")  # the repository's root, as README runs it
-    before_md, before_results = (tmp_path / "BENCHMARKS.md").read_bytes(), _snapshot(tmp_path / "benchmarks")
+    before_md, before_results = (tmp_path / "BENCHMARKS.md").read_bytes(), snapshot(tmp_path / "benchmarks")
     argv = ["--corpus_mb", "3", "--files", "2", "--steps", "2"]
     main(argv)
     assert (tmp_path / "BENCHMARKS.md").read_bytes() == before_md
-    assert _snapshot(tmp_path / "benchmarks") == before_results
+    assert snapshot(tmp_path / "benchmarks") == before_results
     report = json.loads((tmp_path / "runs" / "data_benchmark" / "data_benchmark.json").read_text())
-    assert report["command"] == "python -m adaptive_ds.data.benchmark " + " ".join(argv)
+    assert report["command"] == "python -m adaptive_ds.tools.data_benchmark " + " ".join(argv)
     assert report["corpus_files"] == 2 and report["corpus_tokens"] > 0
     for pipeline in ("streaming_0_workers", "streaming_1_workers", "streaming_2_workers", "prepared_0_workers",
                      "prepared_2_workers"):

@@ -1,4 +1,4 @@
-"""What only a CUDA machine can check; skipped elsewhere (conftest), run by `python -m adaptive_ds.acceptance`.
+"""What only a CUDA machine can check; skipped elsewhere (conftest), run by `python -m adaptive_ds.tools.acceptance`.
 
 The grouped GEMM against the per-expert path in bfloat16; fp16 training under DeepSpeed's loss scaler; bf16
 training; a real CUDA out-of-memory under --gpu_memory_gib recovered in place; NCCL with one process; ZeRO-2

@@ -7,12 +7,8 @@ import shlex
 import pytest
 from transformers import AutoModelForCausalLM
 
-from adaptive_ds.tools.grid import (
-    GridSpec,
-    main,
-    parse_variant,
-    run_grid,
-)
+from adaptive_ds.tools.grid import main, run_grid
+from adaptive_ds.tools.grid_spec import GridSpec, parse_variant
 from adaptive_ds.tools.grid_tables import markdown
 
 

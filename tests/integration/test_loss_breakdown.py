@@ -8,53 +8,14 @@ from collections import defaultdict
 import pytest
 import torch
 from helpers.common import ROOT
+from helpers.token_kinds import expected_kinds
 
 from adaptive_ds.data import build_training_data, validation_namespace
-from adaptive_ds.data.embedded import COMPUTED, COPIED, NAME, NAME_LENGTH, RELATIONS, block, fact_table
+from adaptive_ds.data.embedded import COMPUTED, COPIED, NAME, RELATIONS, block
 from adaptive_ds.data.tokenizer import embedded_tokenizer
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.presets import model_config
 from adaptive_ds.tools.loss_breakdown import CATEGORIES, breakdown
-
-
-def _expected_kinds(tokens: list[str]) -> list[str]:
-    """The kinds read off the token stream by the grammar's surface, without the generator's bookkeeping: a name is
-    NAME_LENGTH syllables before a relation ([facts]) or after the [bio] tag; a fact value follows its relation and
-    is the table's; an answer's digits run from '=' to ';'; a recall value follows 'get' and its key."""
-    table = fact_table()
-    index = {name: i for i, name in enumerate(table.names)}
-    kinds = [""] * len(tokens)
-    tag, entity, i = tokens[0], None, 1
-    if tag == "[bio]":
-        entity = index[tuple(tokens[1:1 + NAME_LENGTH])]
-        kinds[1:1 + NAME_LENGTH] = [NAME] * NAME_LENGTH
-        i = 1 + NAME_LENGTH
-    while i < len(tokens):
-        t = tokens[i]
-        if tag == "[facts]" and tuple(tokens[i:i + NAME_LENGTH]) in index:
-            entity = index[tuple(tokens[i:i + NAME_LENGTH])]
-            kinds[i:i + NAME_LENGTH] = [NAME] * NAME_LENGTH
-            i += NAME_LENGTH
-            continue
-        if t in RELATIONS and tag in ("[facts]", "[bio]"):
-            value = table.facts[entity][t]
-            assert tuple(tokens[i + 1:i + 1 + len(value)]) == value  # the table's value, read back
-            kinds[i + 1:i + 1 + len(value)] = [f"fact:{entity}"] * len(value)
-            i += 1 + len(value)
-            continue
-        if t == "=":
-            j = i + 1
-            while tokens[j] != ";":
-                kinds[j] = COMPUTED
-                j += 1
-            i = j
-            continue
-        if t == "get":  # get KEY VALUE
-            kinds[i + 2] = COPIED
-            i += 3
-            continue
-        i += 1
-    return kinds
 
 
 # the categories by hand, from the generator's labels of each predicted token (kinds[1:], aligned with targets)
@@ -123,7 +84,7 @@ def test_exposures_are_counted_on_the_blocks_training_reads(tmp_path):
         for i, t in enumerate(stream):
             if t == "<eos>":
                 doc = stream[start:i + 1]
-                kinds = _expected_kinds(doc)
+                kinds = expected_kinds(doc)
                 for j, kind in enumerate(kinds):
                     if kind.startswith("fact:") and doc[j - 1] in RELATIONS:  # a value's first token
                         statements[_hand_category(kind, 0.0)] += 1
@@ -184,7 +145,7 @@ def test_the_breakdown_is_published_only_when_told(tmp_path, monkeypatch):
     assert ((tmp_path / "BENCHMARKS.md").read_bytes(), (tmp_path / "benchmarks" / name).read_bytes()) == before
     assert os.listdir(tmp_path / "benchmarks") == [name]
     report = json.loads((tmp_path / "runs" / "loss_breakdown" / "loss-breakdown_256_hard.json").read_text())
-    assert report["command"] == "python -m adaptive_ds.loss_breakdown " + " ".join(argv)
+    assert report["command"] == "python -m adaptive_ds.tools.loss_breakdown " + " ".join(argv)
     assert report["models"] == {"dense": "model"} and report["blocks"] == 2
 
     main([*argv, "--name", "mine", "--out", "benchmarks", "--benchmarks_md", "BENCHMARKS.md"])

@@ -9,26 +9,13 @@ import deepspeed
 import pytest
 import torch
 from helpers.common import tiny_config, write_ds_config
+from helpers.expert_weights import PROJECTIONS, expert_modules, projection_weights, weight_storages
 
 from adaptive_ds import distributed
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models.expert_layout import stacked_weights
 from adaptive_ds.models.moe import MoEFeedForward
 from adaptive_ds.training.optim import parameter_groups
-
-PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
-
-def _experts(layer: MoEFeedForward):
-    return layer.moe.deepspeed_moe.experts.deepspeed_experts
-
-
-def _weights(layer: MoEFeedForward, name: str) -> list[torch.nn.Parameter]:
-    return [getattr(e, name).weight for e in _experts(layer)]
-
-
-def _storages(layer: MoEFeedForward) -> list[int]:
-    return [w.untyped_storage().data_ptr() for name in PROJECTIONS for w in _weights(layer, name)]
 
 
 def _engine_losses(tmp_path: Path, grouped_gemm: str, zero_stage: int) -> tuple[list[float], bool]:
@@ -46,7 +33,7 @@ def _engine_losses(tmp_path: Path, grouped_gemm: str, zero_stage: int) -> tuple[
     layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
     def viewed_in_place(layer, weights):
-        where = set(_storages(layer))
+        where = set(weight_storages(layer))
         return ((where <= flat if zero_stage else len(where) == 3)
                 and stacked_weights(weights).data_ptr() == weights[0].data_ptr())
 
@@ -55,7 +42,8 @@ def _engine_losses(tmp_path: Path, grouped_gemm: str, zero_stage: int) -> tuple[
     for _ in range(3):
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
-        viewed.append(all(viewed_in_place(layer, _weights(layer, name)) for layer in layers for name in PROJECTIONS))
+        viewed.append(all(viewed_in_place(layer, projection_weights(layer, name))
+                          for layer in layers for name in PROJECTIONS))
         engine.step()
         losses.append(loss.item())
     return losses, all(viewed)
@@ -115,7 +103,7 @@ def test_moe_param_groups_hold_whole_layers_so_zero_keeps_each_layers_experts_at
     distributed.init_distributed()
     model = AdaptiveDSForCausalLM(tiny_config("moe", num_hidden_layers=4, moe_grouped_gemm="always"))
     layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
-    per_layer = sum(p.numel() for p in _experts(layers[0]).parameters())
+    per_layer = sum(p.numel() for p in expert_modules(layers[0]).parameters())
     cap = int(per_layer * layers_per_cap)
     config = json.loads(Path(tiny_ds_config(zero_stage=1)).read_text())
     del config["adaptive_ds"]
@@ -127,7 +115,7 @@ def test_moe_param_groups_hold_whole_layers_so_zero_keeps_each_layers_experts_at
         assert max(moe_groups) <= cap and sum(moe_groups) == 4 * per_layer
     deepspeed.initialize(model=model, model_parameters=groups, config=config)
     viewed = [stacked_weights(w).data_ptr() == w[0].data_ptr()
-              for layer in layers for w in (_weights(layer, name) for name in PROJECTIONS)]
+              for layer in layers for w in (projection_weights(layer, name) for name in PROJECTIONS)]
     assert all(viewed) if layers_per_cap > 1 else not all(viewed)
 
 
@@ -145,7 +133,7 @@ def test_a_weight_alone_in_its_param_group_stays_in_the_bf16_optimizers_buffer_a
     engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
     flat = {t.untyped_storage().data_ptr() for t in engine.optimizer.bf16_groups_flat}
     layer = next(m for m in model.modules() if isinstance(m, MoEFeedForward))
-    weights = _weights(layer, "gate_proj")
+    weights = projection_weights(layer, "gate_proj")
     before = weights[0].detach().clone()
     stacked_weights(weights, layer.may_pack)  # what the grouped GEMM's forward calls
     assert all(w.untyped_storage().data_ptr() in flat for w in weights)

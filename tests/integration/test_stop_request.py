@@ -8,41 +8,13 @@ import signal
 import sys
 
 import pytest
-from helpers.common import ROOT, write_ds_config
-from helpers.fake_engine import EngineLog, FakeEngine, FakeFaults
+from helpers.common import ROOT
+from helpers.fake_engine import EngineLog, FakeFaults
+from helpers.stop_runs import Signal, fake_run, train_losses
 
-from adaptive_ds.training import loop, train
 from adaptive_ds.training.checkpoint import latest_tag
 
 FAULTS_SCRIPT = str(ROOT / "tests" / "helpers" / "train_with_faults.py")
-TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "intermediate_size": 64}
-
-
-def _losses(out) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if "loss" in r}
-
-
-class _Signal(FakeFaults):
-    """The stand-in engine's faults, and a signal sent to this process before some steps."""
-
-    def __init__(self, log, signals: dict[int, int], **faults):
-        super().__init__(log, **faults)
-        self.signals = dict(signals)
-
-    def before_step(self, trainer, step):
-        super().before_step(trainer, step)
-        if step in self.signals:
-            signal.raise_signal(self.signals.pop(step))
-
-
-def _fake_run(tmp_path, hooks, *args, **block):
-    config = write_ds_config(tmp_path, 4, 2, **{"max_steps": 10, "warmup_steps": 1, "log_steps": 5,
-                                               "data_workers": 0, "model": TINY, **block})
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop, "build_engine", lambda *a, **k: FakeEngine(*a, **k, log=hooks.log))
-        return train(["--ds_config", config, "--output_dir", str(tmp_path / "run"), *args], hooks=hooks)
 
 
 @pytest.mark.slow
@@ -67,7 +39,7 @@ def test_the_training_command_saves_on_sigterm_and_resumes_where_it_stopped(tmp_
     done = run_command([*launcher, "launchers/train.py", "--ds_config", config, "--output_dir", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == stop_step
-    assert _losses(out) == _losses(reference)
+    assert train_losses(out) == train_losses(reference)
 
 
 @pytest.mark.slow
@@ -94,7 +66,7 @@ def test_a_loader_worker_ignores_the_signals_its_process_decides_on(tmp_path):
     log = EngineLog()
     workers_ignore = []
 
-    class Check(_Signal):
+    class Check(Signal):
         def before_step(self, trainer, step):
             if step == 2:
                 import psutil
@@ -109,7 +81,7 @@ def test_a_loader_worker_ignores_the_signals_its_process_decides_on(tmp_path):
                     workers_ignore.append(all(ignored >> (s - 1) & 1 for s in (signal.SIGTERM, signal.SIGINT)))
             super().before_step(trainer, step)
 
-    _fake_run(tmp_path, Check(log, {}), max_steps=3, data_workers=1)
+    fake_run(tmp_path, Check(log, {}), max_steps=3, data_workers=1)
     assert workers_ignore and all(workers_ignore)
 
 
@@ -119,7 +91,7 @@ def test_a_stop_request_on_a_resumed_finished_run_writes_nothing_over_its_checkp
     place, the one case a failed save cannot undo)."""
     from adaptive_ds.training import stop as stop_module
 
-    _fake_run(tmp_path, FakeFaults(EngineLog()), save_steps=10)
+    fake_run(tmp_path, FakeFaults(EngineLog()), save_steps=10)
     step = tmp_path / "run" / "checkpoints" / "step00000010"
     before = {p.name: p.stat().st_mtime_ns for p in step.rglob("*")}
     (tmp_path / "run" / "summary.json").unlink()  # so that the same command resumes it
@@ -131,5 +103,5 @@ def test_a_stop_request_on_a_resumed_finished_run_writes_nothing_over_its_checkp
 
     monkeypatch.setattr(stop_module.StopRequest, "settle", signalled)
     with pytest.raises(stop_module.StopRequested, match="stopped by SIGTERM at step 10, saved"):
-        _fake_run(tmp_path, FakeFaults(EngineLog()), save_steps=10)
+        fake_run(tmp_path, FakeFaults(EngineLog()), save_steps=10)
     assert {p.name: p.stat().st_mtime_ns for p in step.rglob("*")} == before

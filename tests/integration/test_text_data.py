@@ -1,42 +1,19 @@
 """Text data through loader workers and real runs: windows shuffled the same with any number of workers, a resume
 that seeks, training on local C4 shards, and token budgets."""
 
-import gzip
 import json
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers.corpora import FORMAT_DOCS, write_format
 
 from adaptive_ds.data.text import train_bpe_tokenizer
 from adaptive_ds.training import train
-
-DOCS = [f"doc{i:03d} " + " ".join(["the river runs", "a cat sleeps", "seven plus two"][i % 3] for _ in range(i % 5 + 1))
-        for i in range(60)]
-
-
-def _write(tmp_path, fmt):
-    if fmt == "jsonl":
-        path = tmp_path / "corpus.jsonl"
-        path.write_text("".join(json.dumps({"content": d}) + "\n" for d in DOCS))
-    elif fmt == "c4":  # C4's own shards: gzipped JSON lines with text, timestamp, url
-        path = tmp_path / "c4-train.00000-of-01024.json.gz"
-        with gzip.open(path, "wt") as f:
-            for i, d in enumerate(DOCS):
-                f.write(json.dumps({"text": d, "timestamp": "2019-04-25T12:57:54Z", "url": f"https://e.x/{i}"}) + "\n")
-    elif fmt == "parquet":
-        path = tmp_path / "corpus.parquet"
-        pq.write_table(pa.table({"text": DOCS}), path)
-    else:
-        path = tmp_path / "corpus.txt"
-        path.write_text("\n".join(DOCS) + "\n")
-    return str(path)
 
 
 def _streamed(path, **kwargs):
     from adaptive_ds.data.streaming import StreamingData
 
-    tok = train_bpe_tokenizer(iter(DOCS), vocab_size=400)
+    tok = train_bpe_tokenizer(iter(FORMAT_DOCS), vocab_size=400)
     return StreamingData(path, tok, 16, seed=3, text_field="text", hub_config=None, validation_share=0.2,
                          **{"window_docs": 7, "workers": 0, **kwargs})
 
@@ -47,7 +24,7 @@ def _rows(batches, steps):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_windows_are_shuffled_and_the_same_with_any_number_of_workers(tmp_path, workers):
-    path = _write(tmp_path, "c4")
+    path = write_format(tmp_path, "c4")
     reference = _rows(_streamed(path).step_batches(0, 4), 12)
     assert _rows(_streamed(path, workers=workers).step_batches(0, 4), 12) == reference
     unshuffled = _streamed(path, window_docs=1)  # one document per window: the source's order
@@ -55,7 +32,7 @@ def test_windows_are_shuffled_and_the_same_with_any_number_of_workers(tmp_path, 
 
 
 def test_a_resume_seeks_to_the_saved_position_and_continues_exactly(tmp_path):
-    path = _write(tmp_path, "c4")
+    path = write_format(tmp_path, "c4")
     reference = _rows(_streamed(path).step_batches(0, 4), 20)  # past the end of the first epoch
     first = _streamed(path, workers=1)
     batches = first.step_batches(0, 4)
@@ -71,7 +48,7 @@ def test_a_resume_seeks_to_the_saved_position_and_continues_exactly(tmp_path):
 
 
 def test_training_on_local_c4_shards_writes_the_contract(tmp_path, tiny_ds_config):
-    path = _write(tmp_path, "c4")
+    path = write_format(tmp_path, "c4")
     config = tiny_ds_config(data=path, tokenizer="bpe:320", validation_share=0.2, max_steps=3)
     out = tmp_path / "run"
     summary = train(["--ds_config", config, "--output_dir", str(out)])
@@ -80,7 +57,7 @@ def test_training_on_local_c4_shards_writes_the_contract(tmp_path, tiny_ds_confi
 
 
 def test_token_budget_sets_the_steps_and_epochs_need_prepared_data(tmp_path, tiny_ds_config):
-    path = _write(tmp_path, "txt")
+    path = write_format(tmp_path, "txt")
     config = tiny_ds_config(data=path, tokenizer="bpe:320", validation_share=0.2, tokens="2000")
     summary = train(["--ds_config", config, "--output_dir", str(tmp_path / "run")])
     assert summary["steps"] == 4  # ceil(2000 / (2 x 256))

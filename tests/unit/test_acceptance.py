@@ -1,5 +1,5 @@
-"""`python -m adaptive_ds.acceptance`: the verdicts on the GPU targets from made-up stage records (met, missed by a
-little, a crashed stage, a missing figure, a dry run), the exit code and last lines, and where its outputs go."""
+"""`python -m adaptive_ds.tools.acceptance`: the verdicts on the GPU targets from made-up stage records (met, missed by
+a little, a crashed stage, a missing figure, a dry run), the exit code and last lines, and where its outputs go."""
 
 import copy
 import json
@@ -21,7 +21,7 @@ def _passing() -> dict:
         "b1_t4": {"ok": True, "steps": 30, "peak_allocated_gib": 11.9, "peak_reserved_gib": 13.0,
                   "predicted_peak_gib": 6.8, "training_tokens_per_s": 2500.0},
         "benchmark": {"ok": True, "preset": "debug_200m", "date": "2026-12-01", "machine": "NVIDIA H200 (1 GPU)",
-                      "commit": "abc1234", "command": "python -m adaptive_ds.benchmark --preset debug_200m",
+                      "commit": "abc1234", "command": "python -m adaptive_ds.tools.benchmark --preset debug_200m",
                       "seq_len": 2048, "micro_batch": 8, "precision": "bf16", "steps_per_round": 5, "rounds": 2,
                       "device": "NVIDIA H200", "peak_tflops": 989.0, "torch": "2.13.0", "deepspeed": "0.18.0",
                       "results": {"dense": {"mfu": 0.46, "tokens_per_s": 90000.0, "achieved_tflops": 455.0,

@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import pytest
 import torch
-from helpers.common import DEBUG_CPU, ROOT
+from helpers.common import DEBUG_CPU, ROOT, debug_cpu_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,19 +16,6 @@ from adaptive_ds import data
 from adaptive_ds.models.configuration import AdaptiveDSConfig
 from adaptive_ds.presets import MOD_FIELDS, MOE_FIELDS, model_config
 from adaptive_ds.training.arguments import ConfigError, RunSettings, build_parser, parse, settings_markdown
-
-
-def _config(tmp_path, **changes):
-    with open(DEBUG_CPU) as f:
-        config = json.load(f)
-    for key, value in changes.items():
-        if key == "block":
-            config["adaptive_ds"].update(value)
-        else:
-            config[key] = value
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps(config))
-    return str(path)
 
 
 def test_block_is_removed_and_flags_override_it():
@@ -49,8 +36,8 @@ def test_every_setting_has_its_flag_and_nothing_else_does():
 
 
 def test_flags_that_only_the_block_had_before_override_it(tmp_path):
-    path = _config(tmp_path, block={"arch": "moe", "compile": True,
-                                    "model": {"moe_ep_size": 1, "router_aux_loss_coef": 0.02}})
+    path = debug_cpu_config(tmp_path, block={"arch": "moe", "compile": True,
+                                             "model": {"moe_ep_size": 1, "router_aux_loss_coef": 0.02}})
     settings, _ = parse(["--ds_config", path, "--text_field", "body", "--min_lr_ratio", "0.05", "--log_steps", "3",
                          "--no-compile", "--tokens", "5000", "--model", '{"router_aux_loss_coef": 0.05}',
                          "--controller", '{"spike_sigma": 4}', "--ep_size", "1"], 1)
@@ -115,12 +102,12 @@ def test_the_training_page_holds_the_generated_settings_table():
 ])
 def test_bad_input_names_the_problem(tmp_path, argv_extra, config_changes, message):
     with pytest.raises(ConfigError) as error:
-        parse(["--ds_config", _config(tmp_path, **config_changes), *argv_extra], 1)
+        parse(["--ds_config", debug_cpu_config(tmp_path, **config_changes), *argv_extra], 1)
     assert message in str(error.value)
 
 
 def test_every_problem_is_named_in_one_line(tmp_path):
-    path = _config(tmp_path, block={"max_steps": "10", "preset": "b3", "model": {"mod_capacity": "x"}})
+    path = debug_cpu_config(tmp_path, block={"max_steps": "10", "preset": "b3", "model": {"mod_capacity": "x"}})
     with pytest.raises(ConfigError) as error:
         parse(["--ds_config", path, "--keep_last", "0"], 1)
     message = str(error.value)
@@ -139,7 +126,7 @@ def test_a_reporter_without_its_package_fails_at_validation(tmp_path, monkeypatc
 
 
 def test_batch_sizes_are_checked_against_the_world_size(tmp_path):
-    path = _config(tmp_path, train_batch_size=32)
+    path = debug_cpu_config(tmp_path, train_batch_size=32)
     parse(["--ds_config", path], 2)
     with pytest.raises(ConfigError, match="x world size 1 = 16"):
         parse(["--ds_config", path], 1)
@@ -174,7 +161,7 @@ def test_a_named_variant_sets_its_architecture_and_fields_and_explicit_overrides
     settings, _ = parse(["--ds_config", DEBUG_CPU, "--variant", "mod:half", "--model", '{"mod_layer_interval": 2}'], 1)
     # the variant's arch, replacing the block's dense
     assert (settings.arch, settings.model) == ("mod", {"mod_capacity": 0.5, "mod_layer_interval": 2})
-    settings, _ = parse(["--ds_config", _config(tmp_path, block={"arch": "moe", "variant": "moe:noaux"}),
+    settings, _ = parse(["--ds_config", debug_cpu_config(tmp_path, block={"arch": "moe", "variant": "moe:noaux"}),
                          "--controller", '{"spike_sigma": 3}'], 1)  # the block's variant, its controller setting too
     assert (settings.arch, settings.model) == ("moe", {"router_aux_loss_coef": 0.0})
     assert settings.controller == {"moe_balance": False, "spike_sigma": 3}
@@ -195,17 +182,17 @@ def test_an_unknown_variant_or_one_of_another_arch_is_refused_in_one_line(tmp_pa
         parse(["--ds_config", DEBUG_CPU, "--variant", "moe:top1", "--arch", "dense"], 1)  # an explicit dense too
     # the block's arch gives way to the flag (above), not to a variant beside it in the block
     with pytest.raises(ConfigError, match="^variant moe:top1 is a moe variant, and arch is dense;"):
-        parse(["--ds_config", _config(tmp_path, block={"variant": "moe:top1"})], 1)
+        parse(["--ds_config", debug_cpu_config(tmp_path, block={"variant": "moe:top1"})], 1)
 
 
 @pytest.mark.parametrize(("arch", "old", "new", "line"), [
     ("mod", "mod_half", ["--variant", "mod:half"],
-     "--variant mod_half is deprecated; it is now spelt --variant mod:half"),
+     "--variant mod_half is deprecated and goes in 0.3; it is now spelt --variant mod:half"),
     ("mod", "mod_paper", ["--variant", "mod:paper"],
-     "--variant mod_paper is deprecated; it is now spelt --variant mod:paper"),
+     "--variant mod_paper is deprecated and goes in 0.3; it is now spelt --variant mod:paper"),
     # on the hybrid's MoD blocks, the old spelling's fields (no hybrid variant is the hybrid's defaults at capacity 0.5)
     ("hybrid", "mod_half", ["--model", '{"mod_capacity": 0.5, "mod_layer_interval": 1}'],
-     "--variant mod_half is deprecated; with arch hybrid it is --model "
+     "--variant mod_half is deprecated and goes in 0.3; with arch hybrid it is --model "
      "'{\"mod_capacity\": 0.5, \"mod_layer_interval\": 1}'"),
 ])
 def test_an_old_variant_spelling_means_what_it_meant_with_one_warning(arch, old, new, line, caplog):
@@ -271,7 +258,7 @@ def test_the_fields_of_an_architecture_are_taken_by_it(arch, names):
 ])
 def test_the_docs_example_and_both_kinds_at_once(tmp_path, argv, config_changes, message):
     with pytest.raises(ConfigError) as error:
-        parse(["--ds_config", _config(tmp_path, **config_changes), *argv], 1)
+        parse(["--ds_config", debug_cpu_config(tmp_path, **config_changes), *argv], 1)
     assert str(error.value) == message
 
 

@@ -4,47 +4,15 @@ the cut."""
 
 import gzip
 import json
-import signal
 from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers.common import ends_within, write_ds_config
+from helpers.bad_data import GOOD, refused, write_file
 from helpers.corpora import DOCS
 
 from adaptive_ds.data.text import is_validation, open_documents
-from adaptive_ds.training.__main__ import main
-
-GOOD = "".join(json.dumps({"text": d}) + "\n" for d in DOCS[:40])
-
-
-def refused(tmp_path, capfd, data: str, output_dir=None, **block) -> str:
-    """The one line the training command ends with on `data` (checked: one line, no traceback, and the output
-    directory not created)."""
-    config = write_ds_config(tmp_path, data=data, **{"tokenizer": "bpe:300", "max_steps": 2, **block})
-    out = output_dir or tmp_path / "run"
-    existed = out.exists()
-    capfd.readouterr()  # only what the command writes
-    sigterm = signal.getsignal(signal.SIGTERM)  # main() installs its own
-    try:
-        with ends_within(120), pytest.raises(SystemExit) as stopped:
-            main(["--ds_config", config, "--output_dir", str(out)])
-    finally:
-        signal.signal(signal.SIGTERM, sigterm)
-    err = capfd.readouterr().err
-    message = err.splitlines()[-1] if err else ""
-    assert stopped.value.code == 1 and message.startswith("error: "), err[-3000:]
-    assert "Traceback" not in err
-    assert out.exists() == existed
-    return message
-
-
-def _write(path, content: bytes | str):
-    if isinstance(content, str):
-        content = content.encode()
-    path.write_bytes(content)
-    return str(path)
 
 
 def _parquet(path, **columns):
@@ -57,7 +25,7 @@ def _parquet(path, **columns):
                                   "only non-text records", "Hub name that cannot be reached"])
 def test_a_source_without_a_usable_document_is_refused_before_training(tmp_path, capfd, monkeypatch, case):
     if case == "empty jsonl":
-        source = _write(tmp_path / "corpus.jsonl", "")
+        source = write_file(tmp_path / "corpus.jsonl", "")
         expected = f"data {source!r} holds no records; pass a source with documents"
     elif case == "parquet without the field":
         source = _parquet(tmp_path / "corpus.parquet", content=DOCS[:20])
@@ -71,17 +39,17 @@ def test_a_source_without_a_usable_document_is_refused_before_training(tmp_path,
         source = str(tmp_path / "nowhere.jsonl")
         expected = f"data path {source!r} does not exist; valid choices: 'embedded', "
     elif case == "glob of nothing":
-        _write(tmp_path / "corpus.jsonl", GOOD)
+        write_file(tmp_path / "corpus.jsonl", GOOD)
         source = str(tmp_path / "c4-*.json.gz")
         expected = f"data glob {source!r} matches no file; "
     elif case == "gz that is not gzip":
-        source = _write(tmp_path / "corpus.jsonl.gz", GOOD)
+        source = write_file(tmp_path / "corpus.jsonl.gz", GOOD)
         expected = f"data file {source!r} ends in .gz but is not gzip-compressed; "
     elif case == "unsupported extension":
-        source = _write(tmp_path / "corpus.csv", "text\nhello\n")
+        source = write_file(tmp_path / "corpus.csv", "text\nhello\n")
         expected = f"data file {source!r}: unknown format; valid endings: .jsonl, "
     elif case == "only non-text records":
-        source = _write(tmp_path / "corpus.jsonl", '{"text": 7}\n{"text": null}\n{"text": ["a"]}\n{"text": " "}\n')
+        source = write_file(tmp_path / "corpus.jsonl", '{"text": 7}\n{"text": null}\n{"text": ["a"]}\n{"text": " "}\n')
         expected = (f"data {source!r} holds no usable document (4 records skipped: not_text 3, empty 1); each "
                     "record needs non-empty text in its 'text' field")
     else:
@@ -107,7 +75,7 @@ def test_a_mixture_weight_that_is_not_positive_and_finite_is_refused(tmp_path, c
 def test_a_gzip_file_cut_short_is_read_up_to_the_cut(tmp_path):
     # The .gz check looks at the magic bytes only: a truncated download is read up to where it breaks, not refused.
     whole = gzip.compress(GOOD.encode())
-    source = _write(tmp_path / "c4-train.00000-of-00001.json.gz", whole[: len(whole) // 2])
+    source = write_file(tmp_path / "c4-train.00000-of-00001.json.gz", whole[: len(whole) // 2])
     skipped = Counter()
     texts = list(open_documents(source, skipped=skipped))
     assert 0 < len(texts) < 40 and texts == DOCS[: len(texts)]
@@ -116,7 +84,7 @@ def test_a_gzip_file_cut_short_is_read_up_to_the_cut(tmp_path):
 
 def test_a_stream_without_a_held_out_document_is_refused_not_validated_as_nan(tmp_path, capfd):
     docs = [d for d in DOCS[:40] if not is_validation(d, 1234, 0.01)]  # 1234: the run's seed; 0.01 its share
-    source = _write(tmp_path / "corpus.jsonl", "".join(json.dumps({"text": d}) + "\n" for d in docs))
+    source = write_file(tmp_path / "corpus.jsonl", "".join(json.dumps({"text": d}) + "\n" for d in docs))
     # refused before the output directory is made: the held-out batches are read at setup
     assert refused(tmp_path, capfd, source, max_steps=1) == (
         f"error: data {source!r} holds no document held out for validation (--validation_share 0.01 of {len(docs)} "

@@ -143,7 +143,7 @@ def test_the_planner_sections_are_what_the_planner_renders(tmp_path):
     copy = tmp_path / "BENCHMARKS.md"
     shutil.copy(ROOT / "BENCHMARKS.md", copy)
     write_benchmarks(str(copy))
-    assert copy.read_text() == BENCHMARKS, "regenerate them: python -m adaptive_ds.plan --write BENCHMARKS.md"
+    assert copy.read_text() == BENCHMARKS, "regenerate them: python -m adaptive_ds.tools.plan --write BENCHMARKS.md"
 
 
 def test_projections_are_labelled_and_stay_under_the_gpu_peak():

@@ -112,7 +112,7 @@ def test_the_published_text_grids_name_a_corpus_the_repository_rebuilds(tmp_path
     import re
     import shlex
 
-    from adaptive_ds.tools.grid import GridSpec
+    from adaptive_ds.tools.grid_spec import GridSpec
 
     text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
     build = shlex.split(re.search(r"python -m adaptive_ds\.data\.docstrings ([^`]*)`", text).group(1))

@@ -9,21 +9,13 @@ import re
 import shlex
 
 import pytest
-from helpers.common import ROOT
+from helpers.common import ROOT, snapshot
 
 from adaptive_ds.presets import VARIANTS, ArchVariant, model_config
-from adaptive_ds.tools.grid import (
-    PHASES,
-    GridSpec,
-    _parse_args,
-    assemble,
-    budgets,
-    main,
-    parse_variant,
-    run_row,
-    write_section,
-)
-from adaptive_ds.tools.grid_tables import difference, markdown, plot, spread, verdict
+from adaptive_ds.tools.grid import _parse_args, assemble, main, write_section
+from adaptive_ds.tools.grid_runs import budgets, run_row
+from adaptive_ds.tools.grid_spec import GridSpec, parse_variant
+from adaptive_ds.tools.grid_tables import PHASES, difference, markdown, plot, spread, verdict
 from adaptive_ds.training.arguments import parse
 
 TRAINED = {"commit": "abc1234", "machine": "test CPU", "date": "2026-11-30"}
@@ -134,7 +126,7 @@ def test_report_tables_and_figures_from_synthetic_runs(tmp_path):
     assert c["train_loss_at_equal_flops"]["verdict"] == "better"
     assert report["comparisons"]["moe"]["validation_loss"]["verdict"] is None  # one seed
     text = markdown(report)
-    assert "`python -m adaptive_ds.grid --preset debug --tokens 2000 --ds_config ds.json --data embedded:hard " \
+    assert "`python -m adaptive_ds.tools.grid --preset debug --tokens 2000 --ds_config ds.json --data embedded:hard " \
            "--variants dense mod moe --seeds 1 2 3`" in text and "commit abc1234" in text and "test CPU" in text
     assert "entropy floor 1.5000" in text and "1.5e+12 training FLOPs, 2,000 tokens, 4.0 training seconds" in text
     quality = _table(text, "variant | params")
@@ -328,11 +320,6 @@ def _finished_run(run_dir: str, arch: str, seed: int) -> None:
                                 **routing}) + "\n")
 
 
-def _snapshot(directory) -> dict[str, bytes]:
-    return {os.path.relpath(os.path.join(d, f), directory): open(os.path.join(d, f), "rb").read()
-            for d, _, names in os.walk(directory) for f in names}
-
-
 def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, monkeypatch, tiny_ds_config):
     """A user's own grid (from the repository's root, as README shows it) writes its JSON and figures under its
     runs directory and leaves BENCHMARKS.md and the committed benchmarks/ byte for byte; --benchmarks_md and --out
@@ -344,7 +331,7 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / published).write_bytes((ROOT / "benchmarks" / published).read_bytes())
     (tmp_path / "BENCHMARKS.md").write_bytes((ROOT / "BENCHMARKS.md").read_bytes())
-    before_md, before_results = (tmp_path / "BENCHMARKS.md").read_bytes(), _snapshot(tmp_path / "benchmarks")
+    before_md, before_results = (tmp_path / "BENCHMARKS.md").read_bytes(), snapshot(tmp_path / "benchmarks")
     assert "<!-- grid:debug:embedded-hard -->" in before_md.decode()
     config = os.path.relpath(tiny_ds_config(), tmp_path)
     argv = ["--preset", "debug", "--data", "embedded:hard", "--variants", "mod", "dense", "--seeds", "7",
@@ -354,7 +341,7 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
         _finished_run(spec.run_dir("runs/grid", variant, 7), variant.arch, 7)
     main(argv)
     assert (tmp_path / "BENCHMARKS.md").read_bytes() == before_md
-    assert _snapshot(tmp_path / "benchmarks") == before_results
+    assert snapshot(tmp_path / "benchmarks") == before_results
     report = json.loads((tmp_path / "runs" / "grid" / "report" / "grid_debug_embedded-hard.json").read_text())
     assert [r["variant"] for r in report["runs"]] == ["mod", "dense"]
     # run directories relative to --runs: the report names no path of the machine that made it
@@ -380,7 +367,7 @@ def test_a_users_grid_leaves_the_published_results_alone_unless_told(tmp_path, m
 def test_a_run_that_validated_off_the_logging_cadence_is_read_by_its_logged_steps(tmp_path):
     """eval_steps need not fall on log_steps: a step that only validated has a record without a train loss, and the
     run's loss curve is its logged steps."""
-    from adaptive_ds.tools.grid import load_run
+    from adaptive_ds.tools.grid_runs import load_run
 
     run_dir = str(tmp_path / "run")
     _finished_run(run_dir, "dense", 1)

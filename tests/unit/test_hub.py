@@ -1,26 +1,9 @@
 """The Hub model card, and a failed push reported instead of raised."""
 
-import os
-import shutil
+
+from helpers.local_hub import LocalHub
 
 from adaptive_ds.export.hub import HubPusher, model_card
-
-
-class LocalHub:
-    """Stands in for huggingface_hub.HfApi: repos are folders; each upload is kept as a commit."""
-
-    def __init__(self, root, fail=False):
-        self.root, self.fail, self.commits = root, fail, []
-
-    def create_repo(self, repo_id, exist_ok=False):
-        if self.fail:
-            raise ConnectionError("hub unreachable")
-        os.makedirs(os.path.join(self.root, repo_id), exist_ok=True)
-
-    def upload_folder(self, repo_id, folder_path, commit_message):
-        target = os.path.join(self.root, repo_id, f"commit{len(self.commits)}")
-        shutil.copytree(folder_path, target)
-        self.commits.append((commit_message, sorted(os.listdir(target))))
 
 
 def test_model_card_without_optional_figures():

@@ -4,50 +4,11 @@ and statements per fact on hand-worked cases."""
 import random
 
 import pytest
+from helpers.token_kinds import expected_kinds
 
-from adaptive_ds.data.embedded import COMPUTED, COPIED, NAME, NAME_LENGTH, RELATIONS, Document, block, fact_table
+from adaptive_ds.data.embedded import COMPUTED, COPIED, NAME, RELATIONS, Document, block
 from adaptive_ds.data.embedded import generate_document as generate
 from adaptive_ds.tools.loss_breakdown import category, statements_per_fact
-
-
-def _expected_kinds(tokens: list[str]) -> list[str]:
-    """The kinds read off the token stream by the grammar's surface, without the generator's bookkeeping: a name is
-    NAME_LENGTH syllables before a relation ([facts]) or after the [bio] tag; a fact value follows its relation and
-    is the table's; an answer's digits run from '=' to ';'; a recall value follows 'get' and its key."""
-    table = fact_table()
-    index = {name: i for i, name in enumerate(table.names)}
-    kinds = [""] * len(tokens)
-    tag, entity, i = tokens[0], None, 1
-    if tag == "[bio]":
-        entity = index[tuple(tokens[1:1 + NAME_LENGTH])]
-        kinds[1:1 + NAME_LENGTH] = [NAME] * NAME_LENGTH
-        i = 1 + NAME_LENGTH
-    while i < len(tokens):
-        t = tokens[i]
-        if tag == "[facts]" and tuple(tokens[i:i + NAME_LENGTH]) in index:
-            entity = index[tuple(tokens[i:i + NAME_LENGTH])]
-            kinds[i:i + NAME_LENGTH] = [NAME] * NAME_LENGTH
-            i += NAME_LENGTH
-            continue
-        if t in RELATIONS and tag in ("[facts]", "[bio]"):
-            value = table.facts[entity][t]
-            assert tuple(tokens[i + 1:i + 1 + len(value)]) == value  # the table's value, read back
-            kinds[i + 1:i + 1 + len(value)] = [f"fact:{entity}"] * len(value)
-            i += 1 + len(value)
-            continue
-        if t == "=":
-            j = i + 1
-            while tokens[j] != ";":
-                kinds[j] = COMPUTED
-                j += 1
-            i = j
-            continue
-        if t == "get":  # get KEY VALUE
-            kinds[i + 2] = COPIED
-            i += 3
-            continue
-        i += 1
-    return kinds
 
 
 @pytest.mark.parametrize("tier", ["base", "hard"])
@@ -57,7 +18,7 @@ def test_token_kinds_match_an_independent_parse_of_the_documents(tier):
     for _ in range(400):
         doc = generate(rng, tier)
         assert len(doc.kinds) == len(doc.tokens)
-        assert doc.kinds == _expected_kinds(doc.tokens), " ".join(doc.tokens)
+        assert doc.kinds == expected_kinds(doc.tokens), " ".join(doc.tokens)
         seen.update(k.split(":")[0] for k in doc.kinds)
     assert seen == ({"", NAME, "fact", COMPUTED, COPIED} if tier == "hard" else {"", COMPUTED, COPIED})
 
@@ -72,7 +33,7 @@ def test_blocks_carry_their_documents_kinds():
         start = 0
         for i, t in enumerate(b.tokens):
             if t == "<eos>":
-                assert b.kinds[start:i + 1] == _expected_kinds(b.tokens[start:i + 1])
+                assert b.kinds[start:i + 1] == expected_kinds(b.tokens[start:i + 1])
                 start, checked = i + 1, checked + 1
     assert checked > 20
 

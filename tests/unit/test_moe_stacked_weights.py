@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.expert_weights import PROJECTIONS, expert_modules, projection_weights, weight_storages
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from adaptive_ds.models import AdaptiveDSForCausalLM
@@ -17,27 +18,13 @@ from adaptive_ds.models.expert_layout import regular_stride, stacked_weights
 from adaptive_ds.models.moe import MoEFeedForward
 from adaptive_ds.training.optim import parameter_groups
 
-PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
-
-def _experts(layer: MoEFeedForward):
-    return layer.moe.deepspeed_moe.experts.deepspeed_experts
-
-
-def _weights(layer: MoEFeedForward, name: str) -> list[torch.nn.Parameter]:
-    return [getattr(e, name).weight for e in _experts(layer)]
-
-
-def _storages(layer: MoEFeedForward) -> list[int]:
-    return [w.untyped_storage().data_ptr() for name in PROJECTIONS for w in _weights(layer, name)]
-
 
 def experts_by_stack(layer: MoEFeedForward, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """The previous implementation: each projection's weights copied by `torch.stack` on every call."""
     offsets = torch.cumsum(counts, 0).to(torch.int32)
 
     def stacked(name):
-        return torch.stack(_weights(layer, name)).transpose(-2, -1)
+        return torch.stack(projection_weights(layer, name)).transpose(-2, -1)
 
     gate = torch._grouped_mm(x, stacked("gate_proj"), offs=offsets)
     up = torch._grouped_mm(x, stacked("up_proj"), offs=offsets)
@@ -47,7 +34,7 @@ def experts_by_stack(layer: MoEFeedForward, x: torch.Tensor, counts: torch.Tenso
 def experts_by_matmul(layer: MoEFeedForward, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """One SwiGLU per expert on its rows, with plain matmuls."""
     rows = []
-    for expert, chunk in zip(_experts(layer), x.split(counts.tolist()), strict=True):
+    for expert, chunk in zip(expert_modules(layer), x.split(counts.tolist()), strict=True):
         gate, up = chunk @ expert.gate_proj.weight.t(), chunk @ expert.up_proj.weight.t()
         rows.append((F.silu(gate) * up) @ expert.down_proj.weight.t())
     return torch.cat(rows)
@@ -64,12 +51,12 @@ def _repoint(params: list[torch.nn.Parameter]) -> torch.Tensor:
 @pytest.mark.parametrize("layout", ["own storage", "one flat buffer", "flat buffer, experts reversed"])
 def test_stacked_weights_equal_a_stack_and_per_expert_matmuls_and_share_memory_where_regular(layout, tiny_config):
     layer = MoEFeedForward(tiny_config("moe", moe_grouped_gemm="always"))
-    params = list(_experts(layer).parameters())  # expert 0's gate, up, down, then expert 1's, ...
+    params = list(expert_modules(layer).parameters())  # expert 0's gate, up, down, then expert 1's, ...
     if layout == "one flat buffer":
         _repoint(params)
     elif layout == "flat buffer, experts reversed":  # each projection's weights run backwards: no single stride
         _repoint(params[::-1])
-    before = _storages(layer)
+    before = weight_storages(layer)
     x = torch.randn(20, 32, requires_grad=True)
     counts = torch.tensor([7, 0, 9, 4])  # an expert without rows too
     inputs = [x, *params]
@@ -85,11 +72,11 @@ def test_stacked_weights_equal_a_stack_and_per_expert_matmuls_and_share_memory_w
     for p, g in zip(inputs, ref_grads, strict=True):  # each expert's .grad gets its own slice's gradient
         torch.testing.assert_close(p.grad, g, rtol=1e-6, atol=1e-7)
 
-    after = _storages(layer)
+    after = weight_storages(layer)
     copies = [t for t in saved if t.dim() == 3 and t.untyped_storage().data_ptr() not in after]
     assert len(copies) == (3 if layout == "flat buffer, experts reversed" else 0)  # no weight copy held to backward
     for name in PROJECTIONS:
-        weights = _weights(layer, name)
+        weights = projection_weights(layer, name)
         stacked = stacked_weights(weights)
         shares = stacked.untyped_storage().data_ptr() == weights[0].untyped_storage().data_ptr()
         if layout == "flat buffer, experts reversed":  # copied each call; the weights stay in their buffer
@@ -120,7 +107,7 @@ def test_packing_keeps_the_parameters_so_an_optimizer_made_before_it_trains_the_
             optimizer.step()
             optimizer.zero_grad()
             losses[name].append(loss.item())
-    assert len(set(_storages(grouped))) == 3  # packed at the first forward
+    assert len(set(weight_storages(grouped))) == 3  # packed at the first forward
     assert losses["always"] == pytest.approx(losses["never"], rel=1e-5)
     assert losses["always"][-1] < losses["always"][0]  # the steps moved the weights the forward reads
 
@@ -136,7 +123,7 @@ def test_with_activation_checkpointing_packing_in_the_first_forward_gives_the_pe
         model.model.gradient_checkpointing = True  # the packing forward runs again in backward, now as a view
         model(input_ids=ids, labels=ids).loss.backward()
     layers = [m for m in grouped.modules() if isinstance(m, MoEFeedForward)]
-    assert all(len(set(_storages(layer))) == 3 for layer in layers)  # packed
+    assert all(len(set(weight_storages(layer))) == 3 for layer in layers)  # packed
     for (name, p), q in zip(grouped.named_parameters(), per_expert.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
 
@@ -151,7 +138,7 @@ def test_a_packed_model_saves_and_loads_with_save_pretrained_and_packs_again_aft
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, logits, rtol=1e-5, atol=1e-6)
     for layer in (m for m in loaded.modules() if isinstance(m, MoEFeedForward)):
-        assert all(regular_stride(_weights(layer, name)) is not None for name in PROJECTIONS)
+        assert all(regular_stride(projection_weights(layer, name)) is not None for name in PROJECTIONS)
 
 
 def test_a_forward_under_inference_mode_leaves_the_weights_trainable(tiny_config):
@@ -160,9 +147,9 @@ def test_a_forward_under_inference_mode_leaves_the_weights_trainable(tiny_config
     with torch.inference_mode():
         model(input_ids=ids)
     layer = next(m for m in model.modules() if isinstance(m, MoEFeedForward))
-    assert not any(w.is_inference() for w in _weights(layer, "gate_proj"))
+    assert not any(w.is_inference() for w in projection_weights(layer, "gate_proj"))
     model(input_ids=ids, labels=ids).loss.backward()  # raised "Inference tensors cannot be saved for backward"
-    assert regular_stride(_weights(layer, "gate_proj")) is not None  # packed by this training forward instead
+    assert regular_stride(projection_weights(layer, "gate_proj")) is not None  # packed by this training forward instead
 
 
 def test_moe_param_groups_are_as_many_at_every_ep_size(tiny_config):
@@ -171,7 +158,7 @@ def test_moe_param_groups_are_as_many_at_every_ep_size(tiny_config):
     for ep_size in (1, 2):
         model = AdaptiveDSForCausalLM(tiny_config("moe", num_hidden_layers=4, moe_ep_size=ep_size))
         if cap is None:  # 2.5 layers of experts: DeepSpeed's cap would cut the third layer
-            cap = int(2.5 * sum(p.numel() for p in _experts(next(
+            cap = int(2.5 * sum(p.numel() for p in expert_modules(next(
                 m for m in model.modules() if isinstance(m, MoEFeedForward))).parameters()))
         groups = parameter_groups(model, 0.1, moe_group_cap=cap)
         counts.append(sum(1 for g in groups if g.get("moe")))

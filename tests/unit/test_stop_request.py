@@ -7,41 +7,13 @@ import signal
 
 import pytest
 from helpers.common import write_ds_config
-from helpers.fake_engine import EngineLog, FakeEngine, FakeFaults
+from helpers.fake_engine import EngineLog, FakeEngine
+from helpers.stop_runs import TINY, Signal, fake_run, train_losses
 
 from adaptive_ds import distributed
 from adaptive_ds.training import loop, train
 from adaptive_ds.training.checkpoint import latest_tag
 from adaptive_ds.training.stop import StopRequest, StopRequested
-
-TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "intermediate_size": 64}
-
-
-def _losses(out) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if "loss" in r}
-
-
-class _Signal(FakeFaults):
-    """The stand-in engine's faults, and a signal sent to this process before some steps."""
-
-    def __init__(self, log, signals: dict[int, int], **faults):
-        super().__init__(log, **faults)
-        self.signals = dict(signals)
-
-    def before_step(self, trainer, step):
-        super().before_step(trainer, step)
-        if step in self.signals:
-            signal.raise_signal(self.signals.pop(step))
-
-
-def _fake_run(tmp_path, hooks, *args, **block):
-    config = write_ds_config(tmp_path, 4, 2, **{"max_steps": 10, "warmup_steps": 1, "log_steps": 5,
-                                               "data_workers": 0, "model": TINY, **block})
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop, "build_engine", lambda *a, **k: FakeEngine(*a, **k, log=hooks.log))
-        return train(["--ds_config", config, "--output_dir", str(tmp_path / "run"), *args], hooks=hooks)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -50,15 +22,15 @@ def test_a_signal_saves_at_the_next_step_and_the_same_command_resumes(tmp_path, 
     reference = tmp_path / "reference"
     reference.mkdir()
     uninterrupted = EngineLog()
-    _fake_run(reference, _Signal(uninterrupted, {}))
+    fake_run(reference, Signal(uninterrupted, {}))
     log = EngineLog()
     with pytest.raises(StopRequested) as stopped:
-        _fake_run(tmp_path, _Signal(log, {4: signum}))
+        fake_run(tmp_path, Signal(log, {4: signum}))
     name = signal.Signals(signum).name
     assert str(stopped.value) == f"stopped by {name} at step 4, saved; rerun the same command to resume from step 4"
     assert stopped.value.signum == signum and latest_tag(str(tmp_path / "run")) == "step00000004"
-    assert max(_losses(tmp_path / "run")) == 4  # the step it stopped at logged its window
-    summary = _fake_run(tmp_path, _Signal(log, {}))
+    assert max(train_losses(tmp_path / "run")) == 4  # the step it stopped at logged its window
+    summary = fake_run(tmp_path, Signal(log, {}))
     assert summary["resumed_from_step"] == 4
     assert log.losses == uninterrupted.losses  # every step's loss (the stand-in's weights went on from step 4's)
     assert summary["validation_loss"] == json.loads((reference / "run" / "summary.json").read_text())[
@@ -69,14 +41,14 @@ def test_a_signal_saves_at_the_next_step_and_the_same_command_resumes(tmp_path, 
 def test_past_the_grace_period_or_on_unhealthy_weights_it_stops_without_a_checkpoint(tmp_path):
     log = EngineLog()
     with pytest.raises(StopRequested) as stopped:
-        _fake_run(tmp_path, _Signal(log, {3: signal.SIGTERM}), "--stop_grace_s", "0", save_steps=2)
+        fake_run(tmp_path, Signal(log, {3: signal.SIGTERM}), "--stop_grace_s", "0", save_steps=2)
     assert str(stopped.value) == ("stopped by SIGTERM at step 3 without a checkpoint there (the grace period of 0 s "
                                   "had passed); rerun the same command to resume from step00000002")
     assert latest_tag(str(tmp_path / "run")) == "step00000002"
     (tmp_path / "b").mkdir()
     log = EngineLog()
     with pytest.raises(StopRequested) as stopped:
-        _fake_run(tmp_path / "b", _Signal(log, {3: signal.SIGTERM}, nan_at_step=3))
+        fake_run(tmp_path / "b", Signal(log, {3: signal.SIGTERM}, nan_at_step=3))
     assert str(stopped.value) == ("stopped by SIGTERM at step 3 without a checkpoint there (its loss is not healthy); "
                                   "rerun the same command to start again (no checkpoint was saved yet)")
 
@@ -90,15 +62,15 @@ def test_without_an_output_dir_the_line_names_the_directory_the_run_chose(tmp_pa
     log = EngineLog()
     monkeypatch.setattr(loop, "build_engine", lambda *a, **k: FakeEngine(*a, **k, log=log))
     with pytest.raises(StopRequested) as stopped:
-        train(["--ds_config", config], hooks=_Signal(log, {4: signal.SIGTERM}))
+        train(["--ds_config", config], hooks=Signal(log, {4: signal.SIGTERM}))
     (run,) = (tmp_path / "runs").iterdir()
     assert str(stopped.value) == (f"stopped by SIGTERM at step 4, saved; rerun the same command with --output_dir "
                                   f"runs/{run.name} to resume from step 4")
-    summary = train(["--ds_config", config, "--output_dir", f"runs/{run.name}"], hooks=_Signal(log, {}))
+    summary = train(["--ds_config", config, "--output_dir", f"runs/{run.name}"], hooks=Signal(log, {}))
     assert summary["resumed_from_step"] == 4
 
 
-class _Twice(_Signal):
+class _Twice(Signal):
     """SIGINT before step 3 (Ctrl-C in the terminal), then SIGTERM inside it (deepspeed's launcher passing the same
     request on to its workers)."""
 
@@ -109,14 +81,14 @@ class _Twice(_Signal):
 
 def test_a_second_signal_within_the_grace_period_still_saves(tmp_path):
     with pytest.raises(StopRequested) as stopped:
-        _fake_run(tmp_path, _Twice(EngineLog(), {3: signal.SIGINT}))
+        fake_run(tmp_path, _Twice(EngineLog(), {3: signal.SIGINT}))
     assert str(stopped.value) == "stopped by SIGINT at step 3, saved; rerun the same command to resume from step 3"
     assert latest_tag(str(tmp_path / "run")) == "step00000003"
 
 
 def test_a_second_signal_past_the_grace_period_stops_at_once(tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        _fake_run(tmp_path, _Twice(EngineLog(), {3: signal.SIGINT}), stop_grace_s=0)
+        fake_run(tmp_path, _Twice(EngineLog(), {3: signal.SIGINT}), stop_grace_s=0)
     assert latest_tag(str(tmp_path / "run")) is None
 
 

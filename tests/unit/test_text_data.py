@@ -1,6 +1,5 @@
 """Real corpus formats through `datasets`, an offline BPE tokenizer, and exact epoch coverage per rank."""
 
-import gzip
 import itertools
 import json
 from collections import Counter
@@ -8,68 +7,48 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.corpora import FORMAT_DOCS, write_format
 
 from adaptive_ds.data.text import is_validation, open_documents, train_bpe_tokenizer
-
-DOCS = [f"doc{i:03d} " + " ".join(["the river runs", "a cat sleeps", "seven plus two"][i % 3] for _ in range(i % 5 + 1))
-        for i in range(60)]
-
-
-def _write(tmp_path, fmt):
-    if fmt == "jsonl":
-        path = tmp_path / "corpus.jsonl"
-        path.write_text("".join(json.dumps({"content": d}) + "\n" for d in DOCS))
-    elif fmt == "c4":  # C4's own shards: gzipped JSON lines with text, timestamp, url
-        path = tmp_path / "c4-train.00000-of-01024.json.gz"
-        with gzip.open(path, "wt") as f:
-            for i, d in enumerate(DOCS):
-                f.write(json.dumps({"text": d, "timestamp": "2019-04-25T12:57:54Z", "url": f"https://e.x/{i}"}) + "\n")
-    elif fmt == "parquet":
-        path = tmp_path / "corpus.parquet"
-        pq.write_table(pa.table({"text": DOCS}), path)
-    else:
-        path = tmp_path / "corpus.txt"
-        path.write_text("\n".join(DOCS) + "\n")
-    return str(path)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "c4", "parquet", "txt"])
 def test_every_format_streams_its_documents(tmp_path, fmt):
-    path = _write(tmp_path, fmt)
+    path = write_format(tmp_path, fmt)
     texts = list(open_documents(path, text_field="content" if fmt == "jsonl" else "text"))
-    assert texts == DOCS
+    assert texts == FORMAT_DOCS
 
 
 def test_missing_text_field_is_named(tmp_path):
     with pytest.raises(ValueError, match="no field 'text' in its first record"):
-        next(open_documents(_write(tmp_path, "jsonl")))
+        next(open_documents(write_format(tmp_path, "jsonl")))
 
 
 def test_a_text_field_that_is_not_a_string_skips_the_record_not_the_source(tmp_path):
     path = tmp_path / "corpus.jsonl"
     bad = [{"text": 7}, {"text": None}, {"text": ["a", "list"]}, {"text": {"a": 1}}, {"url": "no text"}, ["a list"]]
-    path.write_text("".join(json.dumps(r) + "\n" for r in [*bad, *({"text": d} for d in DOCS)]))
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*bad, *({"text": d} for d in FORMAT_DOCS)]))
     skipped = Counter()
-    assert list(open_documents(str(path), skipped=skipped)) == DOCS
+    assert list(open_documents(str(path), skipped=skipped)) == FORMAT_DOCS
     assert skipped == {"not_text": 4, "missing_field": 2}
     nulls = tmp_path / "nulls.parquet"  # a parquet column's nulls are not text either
-    pq.write_table(pa.table({"text": [None, *DOCS[:3], None]}), nulls)
+    pq.write_table(pa.table({"text": [None, *FORMAT_DOCS[:3], None]}), nulls)
     skipped = Counter()
-    assert list(open_documents(str(nulls), skipped=skipped)) == DOCS[:3]
+    assert list(open_documents(str(nulls), skipped=skipped)) == FORMAT_DOCS[:3]
     assert skipped == {"not_text": 2}
 
 
 def test_bpe_tokenizer_is_trained_offline_and_round_trips():
-    tok = train_bpe_tokenizer(iter(DOCS * 3), vocab_size=300)
+    tok = train_bpe_tokenizer(iter(FORMAT_DOCS * 3), vocab_size=300)
     assert len(tok) <= 300 and tok.eos_token == "<|endoftext|>"
-    for d in DOCS[:5]:
+    for d in FORMAT_DOCS[:5]:
         assert tok.decode(tok(d).input_ids) == d
 
 
 def _streamed(path, **kwargs):
     from adaptive_ds.data.streaming import StreamingData
 
-    tok = train_bpe_tokenizer(iter(DOCS), vocab_size=400)
+    tok = train_bpe_tokenizer(iter(FORMAT_DOCS), vocab_size=400)
     return StreamingData(path, tok, 16, seed=3, text_field="text", hub_config=None, validation_share=0.2,
                          **{"window_docs": 7, "workers": 0, **kwargs})
 
@@ -80,7 +59,7 @@ def test_one_epoch_reads_every_training_document_exactly_once(tmp_path, world_si
 
     # Four files: dealt whole to the ranks by split_dataset_by_node, so each rank reads only its own files.
     for part in range(4):
-        _write_part(tmp_path / f"part{part}.jsonl", DOCS[part::4])
+        _write_part(tmp_path / f"part{part}.jsonl", FORMAT_DOCS[part::4])
     data = _streamed(str(tmp_path))
     start = {"epoch": 0, "window": 0, "stream_state": None}
     texts = []
@@ -89,7 +68,7 @@ def test_one_epoch_reads_every_training_document_exactly_once(tmp_path, world_si
         texts.append("".join(data.tokenizer.decode(b) for item in windows for b in item["blocks"]))
     val = "".join(data.tokenizer.decode(b) for b in data.validation_blocks())
     owners = {}  # file -> the ranks that read its documents
-    for i, doc in enumerate(DOCS):
+    for i, doc in enumerate(FORMAT_DOCS):
         held_out = is_validation(doc, 3, 0.2)
         assert val.count(f"doc{i:03d} ") == held_out
         seen = [text.count(f"doc{i:03d} ") for text in texts]
