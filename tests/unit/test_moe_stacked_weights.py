@@ -15,6 +15,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models.expert_layout import regular_stride, stacked_weights
 from adaptive_ds.models.moe import MoEFeedForward
+from adaptive_ds.training import moe_adapter
 from adaptive_ds.training.optim import parameter_groups
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -79,7 +80,7 @@ def test_stacked_weights_equal_a_stack_and_per_expert_matmuls_and_share_memory_w
 
     saved = []  # what the forward keeps for backward: the grouped GEMMs keep their weight operand
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = layer._experts(x, counts)
+        out = layer.experts(x, counts)
     out.square().sum().backward()
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     for p, g in zip(inputs, ref_grads, strict=True):  # each expert's .grad gets its own slice's gradient
@@ -173,6 +174,7 @@ def test_moe_param_groups_are_as_many_at_every_ep_size(tiny_config):
         if cap is None:  # 2.5 layers of experts: DeepSpeed's cap would cut the third layer
             cap = int(2.5 * sum(p.numel() for p in _experts(next(
                 m for m in model.modules() if isinstance(m, MoEFeedForward))).parameters()))
+        moe_adapter.prepare(model)
         groups = parameter_groups(model, 0.1, moe_group_cap=cap)
         counts.append(sum(1 for g in groups if g.get("moe")))
     assert counts == [2, 2]
