@@ -246,7 +246,7 @@ class Source:
             for k in ("moe_ep_size", "bos_token_id", "eos_token_id", "pad_token_id"):
                 own.pop(k)
             return AdaptiveDSConfig(**{**own, "vocab_size": vocab, **overrides})
-        experts = PRESETS[preset] if preset is not None else AdaptiveDSConfig  # no preset: the model's defaults
+        experts = PRESETS[preset] if preset is not None else AdaptiveDSConfig()  # no preset: the model's defaults
         fields = dict(arch=arch, vocab_size=vocab, **self.shape(), rms_norm_eps=c.rms_norm_eps,
                       rope_theta=self.rope_theta, max_position_embeddings=c.max_position_embeddings,
                       num_local_experts=experts.num_local_experts, num_experts_per_tok=experts.num_experts_per_tok)

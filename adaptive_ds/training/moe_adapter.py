@@ -14,7 +14,8 @@ from its own layer:
 - its MoE checkpoint layout (one file per expert, numbered globally).
 
 With `moe_dispatch="deepspeed"` it also installs `DeepSpeedDispatcher`, DeepSpeed's stock dispatch behind the models'
-token-dispatcher interface.
+token-dispatcher interface, and runs the experts as DeepSpeed's `Experts` does, one matmul per expert, so that the
+baseline stays DeepSpeed's layer.
 
 The layer is built on the meta device, then given the model's modules with DeepSpeed's marks copied onto their
 parameters, so the swap allocates nothing and draws no random numbers: a seed trains the same run as before it.
@@ -86,8 +87,9 @@ def to_deepspeed(layer: MoEFeedForward, config: AdaptiveDSConfig) -> None:
     for name, param in stock.named_parameters():
         param.__dict__.update(marks[name])  # DeepSpeed's marks on the parameter
     layer.moe = stock.train(plain.training)
-    if config.moe_dispatch == "deepspeed":
+    if config.moe_dispatch == "deepspeed":  # the baseline: DeepSpeed's dispatch, and its experts one matmul each
         layer.dispatcher = DeepSpeedDispatcher(config)
+        layer.experts.grouped_gemm = "never"
 
 
 def pack_for_optimizer(layer: MoEFeedForward) -> None:

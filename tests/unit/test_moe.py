@@ -108,21 +108,21 @@ def test_capacity_drops_exactly_the_later_tokens_and_second_choices():
 
 
 def test_layer_reports_dropped_assignments_in_training_and_is_dropless_in_eval():
-    layer = _layer(moe_drop_tokens=True, moe_capacity_factor=0.5, moe_eval_capacity_factor=0.5, moe_min_capacity=1)
+    layer = _layer(moe_drop_tokens=True, moe_capacity_factor=0.5, moe_min_capacity=1)
     x = torch.randn(1, 40, 32)
     _, routing = layer(x)
     capacity = expert_capacity(40, 4, 2, 0.5, 1)
     assert int(routing.dropped) == int((routing.expert_counts - capacity).clamp_min(0).sum()) > 0
     layer.eval()
     _, routing = layer(x)
-    assert int(routing.dropped) == 0  # the eval factor (0.5) is unused: inference is dropless
+    assert int(routing.dropped) == 0  # inference is dropless
 
 
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
 def test_eval_is_dropless_for_a_capacity_limited_layer(k, dispatch):
     layer = _layer(stock=True, num_experts_per_tok=k, moe_drop_tokens=True, moe_capacity_factor=0.5,
-                   moe_eval_capacity_factor=0.5, moe_min_capacity=1, moe_dispatch=dispatch)
+                   moe_min_capacity=1, moe_dispatch=dispatch)
     x = torch.randn(3, 10, 32)
     trained, _ = layer(x)
     reference = naive_moe(layer, x)
