@@ -108,7 +108,9 @@ def test_packing_keeps_the_parameters_so_an_optimizer_made_before_it_trains_the_
     torch.manual_seed(0)
     grouped = MoEFeedForward(tiny_config("moe", moe_grouped_gemm="always"))
     per_expert = copy.deepcopy(grouped)
-    per_expert.grouped_gemm = "never"
+    per_expert.experts.grouped_gemm = "never"
+    assert grouped.experts.grouped_gemm == "always"  # a deep copy's experts are its own, its modules too
+    assert per_expert.experts.modules is per_expert.moe.deepspeed_moe.experts.deepspeed_experts
     x = torch.randn(2, 12, 32)
     losses = {}
     for name, layer in (("always", grouped), ("never", per_expert)):
@@ -131,7 +133,7 @@ def test_with_activation_checkpointing_packing_in_the_first_forward_gives_the_pe
     per_expert = copy.deepcopy(grouped)
     for layer in per_expert.modules():
         if isinstance(layer, MoEFeedForward):
-            layer.grouped_gemm = "never"
+            layer.experts.grouped_gemm = "never"
     ids = torch.randint(2, 64, (2, 12))
     for model in (grouped, per_expert):
         model.model.gradient_checkpointing = True  # the packing forward runs again in backward, now as a view
