@@ -10,8 +10,10 @@ that a training run's settings are checked before torch is (training/arguments.p
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -43,6 +45,18 @@ PRESETS: dict[str, Preset] = {
 NO_PRESET_SEQ_LEN = max(p.seq_len for p in PRESETS.values())
 
 
+def _architecture_defaults() -> dict[str, dict]:
+    """What each architecture ships with (`ARCHITECTURE_DEFAULTS` of models/defaults.py, where the model configuration
+    fills them in), read from that file alone: importing it through the models package would import torch."""
+    spec = importlib.util.spec_from_file_location("_architecture_defaults",
+                                                  Path(__file__).parent / "models" / "defaults.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ARCHITECTURE_DEFAULTS
+
+
+ARCHITECTURE_DEFAULTS = _architecture_defaults()
+
 # MoD settings the variants below are made of (Raposo et al. 2024, arXiv 2404.02258): the paper's best, 12.5% capacity
 # in every other block (sec. 4.1), and capacity 0.5 in every block, mod's first default.
 _MOD_PAPER = {"mod_capacity": 0.125, "mod_layer_interval": 2}
@@ -65,23 +79,24 @@ class ArchVariant:
 
 # The one table of variants, each named ARCH or ARCH:OPTION: `--variant NAME` of a training run, `--variants NAME ...`
 # of the grid (adaptive_ds/tools/grid.py), `model_config(preset, arch, vocab, **VARIANTS[name].model)` in code. The
-# plain architecture names are what each architecture ships with: `model_config` applies their overrides under any
-# explicit one (a variant, `--model`), and AdaptiveDSConfig's own field defaults stay what they always were (its
-# docstring says why). A named variant names every field it sets, so that it keeps training what it trained in the
-# BENCHMARKS.md grids that named it when the architecture's defaults move.
+# plain architecture names are what each architecture ships with, the defaults AdaptiveDSConfig fills in for the fields
+# a config leaves unset (models/defaults.py): `model_config` applies them over the preset's sizes and under any explicit
+# override (a variant, `--model`). A named variant names every field it sets, so that it keeps training what it
+# trained in the BENCHMARKS.md grids that named it when the architecture's defaults move.
 VARIANTS: dict[str, ArchVariant] = {
-    "dense": ArchVariant("dense", about="Llama-style decoder"),
+    "dense": ArchVariant("dense", dict(ARCHITECTURE_DEFAULTS["dense"]), about="Llama-style decoder"),
     # 8 experts top-2 by definition (the preset's), capacity-limited training routing
-    "moe": ArchVariant("moe", about="the preset's experts top-2, capacity-limited"),
+    "moe": ArchVariant("moe", dict(ARCHITECTURE_DEFAULTS["moe"]), about="the preset's experts top-2, capacity-limited"),
     # The paper's setting: the best MoD setting measured at equal tokens, and better than dense trained on the same
     # FLOPs (BENCHMARKS.md sections grid:debug:embedded-hard and grid:debug:embedded-hard:active-flops-vs-iso-dense).
-    "mod": ArchVariant("mod", _MOD_PAPER, about="MoD at the paper's setting: 12.5% capacity in every other block"),
+    "mod": ArchVariant("mod", dict(ARCHITECTURE_DEFAULTS["mod"]),
+                       about="MoD at the paper's setting: 12.5% capacity in every other block"),
     # The same MoD setting around MoE blocks that route each token to one expert, dropless: the hybrid setting that
     # measured best per FLOP, better than dense trained on the same FLOPs at 500k and at 2M tokens (sections
     # grid:debug:embedded-hard:active-flops-vs-iso-dense and grid:debug:embedded-hard:2m-vs-iso-dense, where the
     # top-2 capacity-limited hybrid is compared too: grid:debug:embedded-hard:2m-hybrid-paper-vs-iso-dense). The moe
     # architecture itself is 8 experts top-2 by definition; the hybrid's top-k is free to follow the measurements.
-    "hybrid": ArchVariant("hybrid", {**_MOD_PAPER, "num_experts_per_tok": 1, "moe_drop_tokens": False},
+    "hybrid": ArchVariant("hybrid", dict(ARCHITECTURE_DEFAULTS["hybrid"]),
                           about="mod's setting around MoE blocks that route top-1, dropless"),
     "moe:dropless": ArchVariant("moe", {"moe_drop_tokens": False}, about="no capacity drops"),
     "moe:top1": ArchVariant("moe", {"num_experts_per_tok": 1},
@@ -129,7 +144,7 @@ ARCHITECTURES = tuple(name for name, entry in VARIANTS.items() if name == entry.
 MOE_ARCHITECTURES = ("moe", "hybrid")
 MOD_ARCHITECTURES = ("mod", "hybrid")
 MOE_FIELDS = ("num_local_experts", "num_experts_per_tok", "moe_layer_interval", "moe_capacity_factor",
-              "moe_eval_capacity_factor", "moe_min_capacity", "moe_drop_tokens", "moe_ep_size", "moe_dispatch",
+              "moe_min_capacity", "moe_drop_tokens", "moe_ep_size", "moe_dispatch",
               "moe_grouped_gemm", "moe_jitter", "moe_use_residual", "moe_expert_granularity", "moe_shared_experts",
               "moe_balancing", "moe_bias_update_rate", "moe_renormalize_top1", "router_aux_loss_coef",
               "router_z_loss_coef")

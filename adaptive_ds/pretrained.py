@@ -224,7 +224,7 @@ class Source:
         own = self.family.own_settings(c)
         if own is not None and arch == self.arch:  # our own model: its own settings
             return AdaptiveDSConfig(**{**own, "vocab_size": vocab, **overrides})
-        experts = PRESETS[preset] if preset is not None else AdaptiveDSConfig  # no preset: the model's defaults
+        experts = PRESETS[preset] if preset is not None else AdaptiveDSConfig()  # no preset: the model's defaults
         fields = dict(arch=arch, vocab_size=vocab, **self.fields, num_local_experts=experts.num_local_experts,
                       num_experts_per_tok=experts.num_experts_per_tok)
         fields.update(VARIANTS[arch].model)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedConfig
 
 from .architectures import ARCH_SPECS, ArchitectureSpec
+from .defaults import ARCHITECTURE_DEFAULTS, CONFIG_VERSION, REMOVED_FIELDS, UNVERSIONED_DEFAULTS
 
 # The registered architectures (architectures.py), in the order of the tables
 ARCHITECTURES = tuple(ARCH_SPECS)
@@ -38,12 +39,12 @@ class AdaptiveDSConfig(PreTrainedConfig):
     moe_expert_granularity`` of them, plus ``moe_shared_experts`` always-on experts of the same width (DeepSeekMoE,
     Dai et al. 2024, arXiv 2401.06066): granularity 1 and no shared experts is the GShard / Mixtral layer.
 
-    The field defaults are what a config without the field has always meant, not what each architecture ships
-    with: ``mod_capacity`` 0.5 and ``mod_layer_interval`` 1 (every block) stay, so a config built directly and a
-    saved config.json or checkpoint identity that lacks these fields (``from_dict``) keep meaning the model they
-    described. The settings an architecture ships with (``mod``: 12.5% capacity in every other block, measured best
-    in BENCHMARKS.md) are the plain variants of ``adaptive_ds.presets.VARIANTS``, which ``model_config`` applies
-    under explicit overrides.
+    A field left unset (None) takes its architecture's default (``models/defaults.py``, the plain variants of
+    ``adaptive_ds.presets.VARIANTS``): ``AdaptiveDSConfig(arch="mod")`` is the model ``--arch mod`` trains (12.5%
+    capacity in every other block). ``config_version`` keeps a saved config meaning what it meant: a config dict
+    without it (a config.json, final/ folder or checkpoint identity written before it; ``from_dict``) reads its unset
+    fields as the field defaults of then (``mod_capacity`` 0.5 in every block, top-2 with capacity), and a config
+    built or read now holds every field, so it saves as the current version.
     """
 
     model_type = "adaptive_ds"
@@ -68,16 +69,14 @@ class AdaptiveDSConfig(PreTrainedConfig):
     # Mixture of Experts (arch moe / hybrid). moe_ep_size: the processes one layer's experts are split over; a
     # model built with it holds num_routed_experts / moe_ep_size of them (saved final/ folders have 1: all).
     num_local_experts: int = 8
-    num_experts_per_tok: int = 2
+    num_experts_per_tok: int | None = None  # None: the architecture's default (models/defaults.py)
     moe_layer_interval: int = 1
     moe_capacity_factor: float = 1.25  # training only: inference is dropless (see moe.py)
-    # Unused: eval was capacity-limited by this factor until inference became dropless. Still accepted so that
-    # configs, checkpoints and final/ folders that carry it keep loading.
-    moe_eval_capacity_factor: float = 2.0
     moe_min_capacity: int = 4
     # Training-time routing: True caps each expert at moe_capacity_factor of an even share (GShard; overflow is
     # dropped), False is dropless (every token reaches its top-k experts). Inference is always dropless.
-    moe_drop_tokens: bool = True
+    # None: the architecture's default.
+    moe_drop_tokens: bool | None = None
     moe_ep_size: int = 1
     # "indexed" (sorted tokens, grouped GEMM) or "deepspeed" (DeepSpeed's stock layer, the baseline: trains only
     # where adaptive_ds's trainer swapped that layer in; inference is indexed either way)
@@ -101,9 +100,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
     moe_renormalize_top1: bool = False
     router_aux_loss_coef: float = 0.01
     router_z_loss_coef: float = 0.001
-    # Mixture of Depths (arch mod / hybrid). What a config without them means, not what mod ships with (above).
-    mod_capacity: float = 0.5
-    mod_layer_interval: int = 1
+    # Mixture of Depths (arch mod / hybrid). None: the architecture's default.
+    mod_capacity: float | None = None
+    mod_layer_interval: int | None = None  # 1: every block, 2: every other
     # How inference routes causally (mod.py): "router" (the router's own logit > 0, trained toward top-k
     # membership by a BCE loss on those logits) or "predictor" (a separate MLP on the detached block input).
     # Causal-routing against top-k-routing validation loss for both: BENCHMARKS.md, section grid:debug:embedded-hard
@@ -117,16 +116,29 @@ class AdaptiveDSConfig(PreTrainedConfig):
     # MoD (--init_from DENSE --arch mod / hybrid) turns it on: at capacity 1.0, or with set_mod_routing("all"), the
     # model then computes the dense function.
     mod_straight_through: bool = False
+    # How the unset fields of a saved config read (see the class doc); a config built now is of the current version.
+    config_version: int = CONFIG_VERSION
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
-        # A saved MoD or hybrid config without `mod_causal_routing` predates it: its model was trained with the
-        # predictor. (For the other architectures the field does nothing, and its default stands.)
-        if "mod_causal_routing" not in config_dict and config_dict.get("arch") in ("mod", "hybrid"):
-            config_dict = {**config_dict, "mod_causal_routing": "predictor"}
+        if "config_version" not in config_dict:  # written before config_version: its unset fields read as then
+            config_dict = {**config_dict, "config_version": 1}
+            # A saved MoD or hybrid config without `mod_causal_routing` predates it: its model was trained with the
+            # predictor. (For the other architectures the field does nothing, and its default stands.)
+            if "mod_causal_routing" not in config_dict and config_dict.get("arch") in ("mod", "hybrid"):
+                config_dict["mod_causal_routing"] = "predictor"
         return super().from_dict(config_dict, **kwargs)
 
     def __post_init__(self, **kwargs):
+        defaults = dict(UNVERSIONED_DEFAULTS)
+        if self.config_version >= 2:
+            defaults.update(ARCHITECTURE_DEFAULTS.get(self.arch, {}))
+        for name, value in defaults.items():
+            if getattr(self, name) is None:  # unset
+                setattr(self, name, value)
+        self.config_version = CONFIG_VERSION  # every field is set now: it saves as what it is
+        for name in REMOVED_FIELDS:  # what older configs carry: nothing reads it
+            kwargs.pop(name, None)
         super().__post_init__(**kwargs)
         problems = self.problems()
         if problems:

@@ -1,14 +1,29 @@
-"""Mixture-of-Experts feed-forward with index-based dispatch, in torch alone.
+"""Mixture-of-Experts feed-forward in torch alone: route -> dispatch -> experts -> combine, one object each, as
+Megatron-Core's MoE layer reads.
 
-The layer's modules carry the names of DeepSpeed's MoE layer (`deepspeed.moe.layer.MoE`): the router is
+- `TopKRouter`: router logits (float32, multiplicative jitter in training), top-k with capacity, the routing bias,
+  the load-balancing and z-losses.
+- A token dispatcher (`TokenDispatcher`): `dispatch` hands this process's experts their rows, grouped by expert;
+  `combine` brings the experts' output back to the tokens, weighted by the gates. `IndexedDispatcher` (the default,
+  `moe_dispatch="indexed"`) sorts the token-expert assignments by expert and sends exactly those rows across the
+  expert-parallel group with one variable-size all-to-all. `moe_dispatch="deepspeed"` is DeepSpeed's stock dispatch,
+  kept as the baseline: its gating scatters tokens into an (experts, capacity, hidden) buffer padded to capacity.
+  That dispatcher is DeepSpeed's code, so it lives on the training side (`adaptive_ds.training.moe_adapter`), which
+  installs it; a model without it refuses to train so rather than silently run the other path.
+- `LocalExperts`: this process's experts on their rows, each projection of all local experts as one grouped GEMM
+  (`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice. The grouped
+  GEMM reads the experts' weights through an (experts, out, in) view of the buffer they lie in, not a copy per
+  forward (`stacked_weights`).
+
+The parameters keep the names of DeepSpeed's MoE layer (`deepspeed.moe.layer.MoE`): the router is
 `moe.deepspeed_moe.gate.wg`, expert e is `moe.deepspeed_moe.experts.deepspeed_experts.<e>`, and PR-MoE's dense MLP and
-mixing coefficient are `moe.mlp` and `moe.coefficient`. Checkpoints, final/ folders and the Mixtral export name
-their tensors so, and DeepSpeed's layer holds exactly these parameters: adaptive_ds's trainer swaps each `moe`
-container for a real `deepspeed.moe.layer.MoE` holding the same Parameter objects before it builds the engine
-(`adaptive_ds.training.moe_adapter`), for DeepSpeed's expert-parallel groups, its marks on expert parameters (ZeRO
-reduces and partitions them over the expert-data-parallel group) and its per-expert checkpoint files. The forward
-reads only what both hold: these parameters, and `ep_size` / `ep_group` (the expert-parallel group DeepSpeed's engine
-sets; None: the default group).
+mixing coefficient are `moe.mlp` and `moe.coefficient` (`ExpertMixture`, which holds parameters only). Checkpoints,
+final/ folders and the Mixtral export name their tensors so. adaptive_ds's trainer swaps each `moe` container for a
+real `deepspeed.moe.layer.MoE` holding the same modules before it builds the engine (`training.moe_adapter`), for
+DeepSpeed's expert-parallel groups, its marks on expert parameters (ZeRO reduces and partitions them over the
+expert-data-parallel group) and its per-expert checkpoint files. The forward reads only what both containers hold:
+these parameters, `use_residual` and `ep_group` (the expert-parallel group DeepSpeed's engine sets; None: the
+default group).
 
 Anywhere else (inference, a user's own loop, transformers' Trainer with its DeepSpeed integration) the experts are
 plain modules, all of them in this process (`moe_ep_size` 1), and DeepSpeed's engine sees a dense model. That is
@@ -16,14 +31,6 @@ the route taken for the Trainer, rather than the model handing DeepSpeed its MoE
 a model loaded from the Hub has no deepspeed to import, and at `moe_ep_size` 1 the expert-data-parallel group is the
 data-parallel group, so DeepSpeed's MoE groups would reduce and partition the experts exactly as a dense model's
 parameters are.
-
-The dispatch: DeepSpeed's stock layer scatters tokens into a (experts, capacity, hidden) buffer padded to capacity;
-`dispatch="indexed"` (the default) instead sorts the token-expert assignments by expert, sends exactly those rows
-across the expert-parallel group with one variable-size all-to-all, and runs each projection of all local experts as
-one grouped GEMM (`torch._grouped_mm`) or, where that is unavailable, one matmul per expert on its contiguous slice.
-The grouped GEMM reads the experts' weights through an (experts, out, in) view of the buffer they lie in, not a copy
-per forward (`stacked_weights`). `dispatch="deepspeed"` trains through DeepSpeed's stock layer, kept as the baseline:
-the trainer's swap provides it; a model without it refuses to train so rather than silently run the other path.
 
 Routing semantics follow DeepSpeed's `top1gating` / `top2gating` (GShard, Lepikhin et al. 2020): softmax
 gates in float32; capacity ceil(k * tokens / experts * capacity_factor), at least min_capacity; when an expert
@@ -33,18 +40,17 @@ renormalised over the choices it kept (top-2) or left as the gate probability (t
 Inference is dropless. Capacity is a training-time device for balanced expert batches; applied in eval it lets
 a later token (or another sequence of the batch) take an earlier token's slot, so validation loss would see
 the future, a served prompt would depend on its batch-mates and cached generation would differ from the full
-forward. In eval mode both dispatch modes therefore run the indexed path without a capacity limit, on the same
-weights. We route "deepspeed" through it rather than through DeepSpeed's own `drop_tokens=False` gating because
-that gating still asserts tokens >= min_capacity in top-1 (a one-token decoding step fails), pads every expert's
-buffer to the busiest expert's count, and is switched by a flag on the shared gate that eval would have to flip back
-and forth; the indexed path is tested equal to DeepSpeed's dropless layer. `moe_eval_capacity_factor` is therefore
-unused (see `AdaptiveDSConfig`). In training, `moe_drop_tokens=False` is dropless in both dispatch modes (DeepSpeed's
-gating with its capacity raised to the busiest expert, the indexed path without a limit).
+forward. In eval mode the router sets no capacity and every layer dispatches through its `IndexedDispatcher`,
+whichever dispatcher trains it. Not through DeepSpeed's own `drop_tokens=False` gating: that gating still asserts
+tokens >= min_capacity in top-1 (a one-token decoding step fails) and pads every expert's buffer to the busiest
+expert's count; the indexed path is tested equal to DeepSpeed's dropless layer. In training, `moe_drop_tokens=False`
+is dropless with either dispatcher (DeepSpeed's gating with its capacity raised to the busiest expert, the indexed
+path without a limit).
 
 DeepSeekMoE options (Dai et al. 2024, arXiv 2401.06066): fine-grained experts (`moe_expert_granularity` g: g times
 as many experts, each 1/g as wide, top-k x g routed) are simply more, narrower experts in the same layer; shared
 experts (`moe_shared_experts`) are one dense SwiGLU outside it, run on every token and added to the
-routed output. Top-k beyond 2 is routed by the indexed path only (`route` handles any k with the same
+routed output. Top-k beyond 2 is routed by the indexed dispatcher only (`route` handles any k with the same
 priorities). The load-balancing loss is DeepSpeed's for every k: first choices for k <= 2 (GShard), all k
 choices over k for k > 2 (its `topkgating`, which is DeepSeekMoE's expert-level balance loss, eq. 12-13).
 
@@ -172,6 +178,81 @@ def route(logits: torch.Tensor, k: int, capacity: int | None, bias: torch.Tensor
     return Assignments(token[order], gate[order], counts), demand, probs
 
 
+class TopKRouter:
+    """Top-k routing of one MoE layer (Megatron-Core's `TopKRouter`): logits, top-k with capacity, the routing bias
+    and the routing losses. Holds settings only: its weight is the layer's `moe.deepspeed_moe.gate.wg` (where
+    DeepSpeed's gate holds it), and the layer passes it in with its bias and its training mode."""
+
+    def __init__(self, config: AdaptiveDSConfig):
+        self.k = config.num_routed_experts_per_tok
+        self.num_experts = config.num_routed_experts
+        self.capacity_factor = config.moe_capacity_factor
+        self.min_capacity = config.moe_min_capacity
+        self.drop_tokens = config.moe_drop_tokens
+        self.jitter = config.moe_jitter
+        self.renormalize_top1 = config.moe_renormalize_top1
+
+    def logits(self, tokens: torch.Tensor, weight: torch.Tensor, training: bool) -> torch.Tensor:
+        """(tokens, experts) float32 router logits, with multiplicative jitter on the input in training (the draws
+        of DeepSpeed's gate with `noisy_gate_policy="Jitter"`)."""
+        x = tokens.float()
+        if self.jitter and training:
+            x = multiplicative_jitter(x)
+        return F.linear(x, weight.float())
+
+    def capacity(self, num_tokens: int, training: bool) -> int | None:
+        """Slots per expert in training with `moe_drop_tokens`; None (dropless) otherwise, and always in eval."""
+        if not (self.drop_tokens and training):
+            return None
+        return expert_capacity(num_tokens, self.num_experts, self.k, self.capacity_factor, self.min_capacity)
+
+    def __call__(self, tokens: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 training: bool) -> Routing:
+        """Route `tokens` (tokens, hidden) by the router `weight` (experts, hidden); `bias` (experts,) or None."""
+        logits = self.logits(tokens, weight, training)
+        capacity = self.capacity(tokens.shape[0], training)
+        assignments, demand, probs = route(logits, self.k, capacity, bias, self.renormalize_top1)
+        # DeepSpeed's loss for every k (see the module doc): first choices for k <= 2, all choices beyond.
+        if self.k > 2:
+            aux_loss = load_balancing_loss(probs, demand, self.k)
+        else:
+            first = (probs if bias is None else probs + bias).argmax(dim=-1)
+            aux_loss = load_balancing_loss(probs, torch.bincount(first, minlength=self.num_experts))
+        demand = demand.detach()
+        dropped = (demand - capacity).clamp_min(0).sum() if capacity is not None else demand.new_zeros(())
+        return Routing(logits, assignments, MoERouting(aux_loss, router_z_loss(logits), demand, dropped))
+
+
+@dataclass
+class Routing:
+    """The router's answer for one forward pass: what a token dispatcher reads, and what the layer reports."""
+
+    logits: torch.Tensor  # (tokens, experts) float32
+    assignments: Assignments  # the kept token-expert assignments, sorted by expert
+    statistics: MoERouting
+
+
+@dataclass
+class Dispatched:
+    """A dispatcher's rows for this process's experts, and what its `combine` needs to bring their output back."""
+
+    rows: torch.Tensor  # (rows, hidden), grouped by local expert
+    tokens_per_expert: torch.Tensor  # (local experts,) rows of each, in expert order
+    context: tuple  # the dispatcher's own, for `combine`
+
+
+class TokenDispatcher:
+    """Moves tokens to their experts and back (Megatron-Core's token dispatcher): `dispatch` the routed tokens into
+    rows grouped by local expert, `combine` the experts' output rows into (tokens, hidden), gate-weighted. `group`:
+    the expert-parallel process group (None: the default group)."""
+
+    def dispatch(self, tokens: torch.Tensor, routing: Routing, group) -> Dispatched:
+        raise NotImplementedError
+
+    def combine(self, expert_output: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        raise NotImplementedError
+
+
 class _AllToAll(torch.autograd.Function):
     """Variable-size all-to-all whose backward sends the gradients back the way the rows came."""
 
@@ -188,6 +269,52 @@ class _AllToAll(torch.autograd.Function):
         return _AllToAll.apply(grad, input_splits, output_splits, ctx.group), None, None, None
 
 
+class IndexedDispatcher(TokenDispatcher):
+    """The kept assignments' rows, sorted by expert; with `ep_size` > 1, exactly those rows sent to the ranks that
+    hold their experts by one variable-size all-to-all, then regrouped by local expert."""
+
+    def __init__(self, num_experts: int, ep_size: int):
+        self.num_experts = num_experts
+        self.ep_size = ep_size
+
+    def dispatch(self, tokens: torch.Tensor, routing: Routing, group) -> Dispatched:
+        assignments = routing.assignments
+        x = tokens.index_select(0, assignments.token)  # (kept, hidden), sorted by expert
+        if self.ep_size == 1:
+            return Dispatched(x, assignments.counts, (tokens, assignments, None))
+        num_local = self.num_experts // self.ep_size
+        send = assignments.counts.view(self.ep_size, num_local)  # rows for each rank's experts
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)  # recv[src, e]: rows rank src sends my expert e
+        send_splits, recv_splits = send.sum(1).tolist(), recv.sum(1).tolist()
+        x = _AllToAll.apply(x, recv_splits, send_splits, group)
+        # Received rows are grouped by source rank, then local expert: regroup by local expert.
+        local_expert = torch.repeat_interleave(
+            torch.arange(num_local, device=x.device).repeat(self.ep_size), recv.flatten())
+        regroup = torch.argsort(local_expert, stable=True)
+        return Dispatched(x[regroup], recv.sum(0), (tokens, assignments, (regroup, send_splits, recv_splits, group)))
+
+    def combine(self, expert_output: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        tokens, assignments, exchange = dispatched.context
+        if exchange is not None:  # back to the source ranks, in the order their rows came
+            regroup, send_splits, recv_splits, group = exchange
+            y = torch.empty_like(expert_output)
+            y[regroup] = expert_output
+            expert_output = _AllToAll.apply(y, send_splits, recv_splits, group)
+        weighted = expert_output * assignments.weight.unsqueeze(-1).to(expert_output.dtype)
+        return torch.zeros_like(tokens).index_add_(0, assignments.token, weighted)
+
+
+class NoDeepSpeedLayer(TokenDispatcher):
+    """`moe_dispatch="deepspeed"` before adaptive_ds's trainer installed DeepSpeed's dispatcher: it refuses to train
+    rather than silently run the indexed path."""
+
+    def dispatch(self, tokens: torch.Tensor, routing: Routing, group) -> Dispatched:
+        raise ValueError("moe_dispatch 'deepspeed' trains through DeepSpeed's own MoE layer, which adaptive_ds's "
+                         "trainer swaps in (adaptive_ds.training.moe_adapter); elsewhere train with moe_dispatch "
+                         "'indexed' (the same routing)")
+
+
 def use_grouped_mm(x: torch.Tensor, mode: str) -> bool:
     """Whether to run the experts as one `torch._grouped_mm` per projection.
 
@@ -202,6 +329,38 @@ def use_grouped_mm(x: torch.Tensor, mode: str) -> bool:
     if mode == "auto":
         return hopper_bf16
     return hopper_bf16 or (x.device.type == "cpu" and x.dtype == torch.float32)
+
+
+class LocalExperts:
+    """This process's routed experts run on their rows (Megatron-Core's grouped / sequential MLP): one grouped GEMM a
+    projection, or one SwiGLU per expert on its contiguous slice. Holds the layer's `deepspeed_experts` module list
+    (which DeepSpeed's layer, when swapped in, holds too), not parameters of its own.
+
+    `may_pack`: whether the grouped GEMM may pack weights that each own their storage into one buffer on first use
+    (see `stacked_weights`); a trainer turns it off once it packed them before its optimizer flattens them."""
+
+    def __init__(self, experts: nn.ModuleList, grouped_gemm: str):
+        self.modules = experts
+        self.grouped_gemm = grouped_gemm
+        self.may_pack = True
+
+    def weights(self, name: str) -> list[nn.Parameter]:
+        """The local experts' `name` projection weights, (out, in) each, in expert order."""
+        return [getattr(e, name).weight for e in self.modules]
+
+    def __call__(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        """SwiGLU of each local expert on its contiguous rows of `rows` (grouped by expert)."""
+        if use_grouped_mm(rows, self.grouped_gemm):
+            offsets = torch.cumsum(tokens_per_expert, 0).to(torch.int32)
+
+            def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
+                return stacked_weights(self.weights(name), self.may_pack).transpose(-2, -1)
+
+            gate = torch._grouped_mm(rows, stacked("gate_proj"), offs=offsets)
+            up = torch._grouped_mm(rows, stacked("up_proj"), offs=offsets)
+            return torch._grouped_mm(F.silu(gate) * up, stacked("down_proj"), offs=offsets)
+        chunks = rows.split(tokens_per_expert.tolist())
+        return torch.cat([expert(chunk) for expert, chunk in zip(self.modules, chunks, strict=True)])
 
 
 class Router(nn.Module):
@@ -251,42 +410,29 @@ class ExpertMixture(nn.Module):
             self.mlp = expert
             self.coefficient = nn.Linear(hidden_size, 2)
 
-    def forward(self, hidden_states: torch.Tensor):
-        raise ValueError("moe_dispatch 'deepspeed' trains through DeepSpeed's own MoE layer, which adaptive_ds's "
-                         "trainer swaps in (adaptive_ds.training.moe_adapter); elsewhere train with moe_dispatch "
-                         "'indexed' (the same routing)")
-
 
 class MoEFeedForward(nn.Module):
-    """Top-k routed SwiGLU experts, dispatched by index (see the module doc), plus the shared experts when
-    configured. `moe` is an `ExpertMixture`, or the `deepspeed.moe.layer.MoE` a trainer swapped in for it."""
+    """Top-k routed SwiGLU experts plus the shared experts when configured: route -> dispatch -> experts -> combine
+    (see the module doc). `moe` holds the parameters: an `ExpertMixture`, or the `deepspeed.moe.layer.MoE` a trainer
+    swapped in for it; `router`, `dispatcher` and `experts` hold none."""
 
     def __init__(self, config: AdaptiveDSConfig):
         super().__init__()
-        self.k = config.num_routed_experts_per_tok
         self.num_experts = config.num_routed_experts
-        self.capacity_factor = config.moe_capacity_factor
-        self.min_capacity = config.moe_min_capacity
-        self.drop_tokens = config.moe_drop_tokens
-        self.jitter = config.moe_jitter
-        self.dispatch = config.moe_dispatch
-        self.renormalize_top1 = config.moe_renormalize_top1
-        self.grouped_gemm = config.moe_grouped_gemm
         self.moe = ExpertMixture(config.hidden_size, SwiGLU(config.hidden_size, config.expert_intermediate_size),
                                  self.num_experts, config.moe_ep_size, config.moe_use_residual)
         self.shared_experts = (SwiGLU(config.hidden_size, config.shared_intermediate_size)
                                if config.moe_shared_experts else None)
-        self.may_pack = True  # see `stacked_weights`
+        self.router = TopKRouter(config)
+        # Inference is dropless through the indexed dispatcher, whichever dispatcher trains (see the module doc).
+        self.inference_dispatcher = IndexedDispatcher(self.num_experts, config.moe_ep_size)
+        self.dispatcher = self.inference_dispatcher if config.moe_dispatch == "indexed" else NoDeepSpeedLayer()
+        self.experts = LocalExperts(self.moe.deepspeed_moe.experts.deepspeed_experts, config.moe_grouped_gemm)
         self.bias_update_rate = None
         if config.moe_balancing == "bias":
             self.bias_update_rate = config.moe_bias_update_rate
             # (experts,) the routing bias in units of bias_update_rate (see the module doc)
             self.register_buffer("routing_bias_steps", torch.zeros(self.num_experts, dtype=torch.long))
-
-    @property
-    def _layer(self) -> nn.Module:
-        """Router and experts: `RoutedExperts`, or DeepSpeed's `MOELayer`."""
-        return self.moe.deepspeed_moe
 
     @property
     def routing_bias(self) -> torch.Tensor | None:
@@ -301,98 +447,20 @@ class MoEFeedForward(nn.Module):
         (DeepSeek-V3, arXiv 2412.19437 sec. 2.1.2): an overloaded expert's bias falls, an idle one's rises."""
         self.routing_bias_steps += torch.sign(load.float().mean() - load.float()).long()
 
-    def expert_weights(self, name: str) -> list[nn.Parameter]:
-        """The local experts' `name` projection weights, (out, in) each, in expert order."""
-        return [getattr(e, name).weight for e in self._layer.experts.deepspeed_experts]
-
-    def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(tokens, experts) float32 router logits, with multiplicative jitter on the input in training."""
-        x = tokens.float()
-        if self.jitter and self.training:
-            x = multiplicative_jitter(x)
-        return F.linear(x, self._layer.gate.wg.weight.float())
-
-    def capacity(self, num_tokens: int) -> int | None:
-        """Slots per expert in training with `moe_drop_tokens`; None (dropless) otherwise, and always in eval."""
-        if not (self.drop_tokens and self.training):
-            return None
-        return expert_capacity(num_tokens, self.num_experts, self.k, self.capacity_factor, self.min_capacity)
-
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, MoERouting]:
-        shape = hidden_states.shape
-        tokens = hidden_states.reshape(-1, shape[-1])  # (tokens, hidden)
-        if self.dispatch == "deepspeed" and self.training:  # eval is dropless through the indexed path
-            output, aux_loss, demand = self.moe(hidden_states)  # DeepSpeed's stock layer (see ExpertMixture)
-            # DeepSpeed's gate does not expose its logits; recompute them for the z-loss (one small matmul).
-            z_loss = router_z_loss(F.linear(tokens.float(), self._layer.gate.wg.weight.float()))
-            return self._add_shared(output, hidden_states), self._routing(aux_loss, z_loss, demand, tokens.shape[0])
-
-        logits = self.router_logits(tokens)
-        bias = self.routing_bias
-        assignments, demand, probs = route(logits, self.k, self.capacity(tokens.shape[0]), bias,
-                                           self.renormalize_top1)
-        expert_out = self._dispatch(tokens, assignments)  # (kept, hidden)
-        output = torch.zeros_like(tokens).index_add_(
-            0, assignments.token, expert_out * assignments.weight.unsqueeze(-1).to(expert_out.dtype))
-        output = output.view(shape)
+        tokens = hidden_states.reshape(-1, hidden_states.shape[-1])  # (tokens, hidden)
+        layer = self.moe.deepspeed_moe
+        routing = self.router(tokens, layer.gate.wg.weight, self.routing_bias, self.training)
+        dispatcher = self.dispatcher if self.training else self.inference_dispatcher
+        dispatched = dispatcher.dispatch(tokens, routing, layer.ep_group)
+        expert_output = self.experts(dispatched.rows, dispatched.tokens_per_expert)
+        output = dispatcher.combine(expert_output, dispatched).view(hidden_states.shape)
         if self.moe.use_residual:  # PR-MoE (Rajbhandari et al. 2022): a dense MLP mixed in by a learned coefficient
             coef = self.moe.coefficient(hidden_states).softmax(dim=-1)
             output = output * coef[..., 0:1] + self.moe.mlp(hidden_states) * coef[..., 1:]
-        # DeepSpeed's loss for every k (see the module doc): first choices for k <= 2, all choices beyond.
-        if self.k > 2:
-            aux_loss = load_balancing_loss(probs, demand, self.k)
-        else:
-            first = (probs if bias is None else probs + bias).argmax(dim=-1)
-            aux_loss = load_balancing_loss(probs, torch.bincount(first, minlength=self.num_experts))
-        return self._add_shared(output, hidden_states), self._routing(aux_loss, router_z_loss(logits), demand,
-                                                                      tokens.shape[0])
-
-    def _add_shared(self, routed: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The routed output plus the shared experts' (DeepSeekMoE eq. 9), which every token runs."""
-        if self.shared_experts is None:
-            return routed
-        return routed + self.shared_experts(hidden_states)
-
-    def _routing(self, aux_loss, z_loss, demand, num_tokens) -> MoERouting:
-        capacity = self.capacity(num_tokens)
-        demand = demand.detach()
-        dropped = (demand - capacity).clamp_min(0).sum() if capacity is not None else demand.new_zeros(())
-        return MoERouting(aux_loss, z_loss, demand, dropped)
-
-    def _dispatch(self, tokens: torch.Tensor, assignments: Assignments) -> torch.Tensor:
-        """Run the kept assignments through their experts; rows return in the order they were given."""
-        x = tokens.index_select(0, assignments.token)  # (kept, hidden), sorted by expert
-        ep_size, group = self._layer.ep_size, self._layer.ep_group
-        if ep_size == 1:
-            return self._experts(x, assignments.counts)
-        num_local = self.num_experts // ep_size
-        send = assignments.counts.view(ep_size, num_local)  # rows for each rank's experts
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=group)  # recv[src, e]: rows rank src sends my expert e
-        send_splits, recv_splits = send.sum(1).tolist(), recv.sum(1).tolist()
-        x = _AllToAll.apply(x, recv_splits, send_splits, group)
-        # Received rows are grouped by source rank, then local expert: regroup by local expert.
-        local_expert = torch.repeat_interleave(
-            torch.arange(num_local, device=x.device).repeat(ep_size), recv.flatten())
-        regroup = torch.argsort(local_expert, stable=True)
-        y = torch.empty_like(x)
-        y[regroup] = self._experts(x[regroup], recv.sum(0))
-        return _AllToAll.apply(y, send_splits, recv_splits, group)
-
-    def _experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """SwiGLU of each local expert on its contiguous rows of `x` (rows sorted by expert)."""
-        experts = self._layer.experts.deepspeed_experts
-        if use_grouped_mm(x, self.grouped_gemm):
-            offsets = torch.cumsum(counts, 0).to(torch.int32)
-
-            def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
-                return stacked_weights(self.expert_weights(name), self.may_pack).transpose(-2, -1)
-
-            gate = torch._grouped_mm(x, stacked("gate_proj"), offs=offsets)
-            up = torch._grouped_mm(x, stacked("up_proj"), offs=offsets)
-            return torch._grouped_mm(F.silu(gate) * up, stacked("down_proj"), offs=offsets)
-        chunks = x.split(counts.tolist())
-        return torch.cat([expert(chunk) for expert, chunk in zip(experts, chunks, strict=True)])
+        if self.shared_experts is not None:  # DeepSeekMoE eq. 9: every token runs the shared experts
+            output = output + self.shared_experts(hidden_states)
+        return output, routing.statistics
 
 
 def update_routing_bias(model: nn.Module, step_expert_counts: Sequence[Sequence[torch.Tensor]], group=None) -> None:

@@ -53,6 +53,7 @@ from ..hardware import DEVICES, detect_device
 from ..markdown_sections import replace_section
 from ..models import AdaptiveDSForCausalLM
 from ..presets import PRESETS, VARIANTS, model_config
+from ..training import moe_adapter
 from ..training.optim import parameter_groups
 from .report import check_markdown_path, commit, machine, write_report
 
@@ -116,6 +117,7 @@ class Case:
             model = to_llama(model)
         elif name == "hf_mixtral":
             model = to_mixtral(model)
+        moe_adapter.prepare(model)  # as the trainer's engine is built (training.engine.build_engine)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1),
                                                config=_ds_config(micro_batch, precision))
         if name.endswith("_compile"):
@@ -225,6 +227,7 @@ def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing:
     model = AdaptiveDSForCausalLM(config)
     model.model.gradient_checkpointing = checkpointing
     ds_config = _ds_config(micro_batch, "fp32")
+    moe_adapter.prepare(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=ds_config)
     for _ in range(steps):
         ids = torch.randint(0, vocab_size, (micro_batch, seq_len), device=engine.device)

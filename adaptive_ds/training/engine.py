@@ -6,6 +6,7 @@ import deepspeed
 import torch
 
 from ..models import AdaptiveDSForCausalLM
+from . import moe_adapter
 from .controller import Knobs
 from .optim import parameter_groups, scheduler_factory
 
@@ -14,8 +15,9 @@ def build_engine(model: AdaptiveDSForCausalLM, ds_config: dict, warmup_steps: in
                  min_lr_ratio: float, compile: bool = False) -> deepspeed.DeepSpeedEngine:
     """`deepspeed.initialize` with weight-decay and MoE param groups and the warm-up + cosine schedule.
 
-    The param groups are made on the model as DeepSpeed trains it: its MoE MLPs in DeepSpeed's MoE layer, which
-    the engine then gives its expert-parallel group (`optim.parameter_groups`, `moe_adapter`)."""
+    The model is first made DeepSpeed's to train (`moe_adapter.prepare`: its MoE MLPs in DeepSpeed's MoE layer, which
+    the engine then gives its expert-parallel group), and the param groups are made on it as DeepSpeed trains it."""
+    moe_adapter.prepare(model)
     weight_decay = ds_config["optimizer"].get("params", {}).get("weight_decay", 0.0)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay), config=ds_config,

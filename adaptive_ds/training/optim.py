@@ -20,11 +20,12 @@ def parameter_groups(model: nn.Module, weight_decay: float, moe_group_cap: int =
 
     DeepSpeed's ZeRO optimizer reduces expert gradients over the expert-data-parallel group only if the
     experts sit in param groups marked `moe` (made by `split_params_into_different_moe_groups_for_optimizer`
-    from the marks DeepSpeed's MoE layer puts on them). So the model's MoE MLPs are first given DeepSpeed's layer
-    and their experts packed (`moe_adapter.prepare`): the groups returned hold the parameters the engine will train.
-    Those groups hold whole MoE layers (see `moe_group_size`).
+    from the marks DeepSpeed's MoE layer puts on them). So `model` must have been prepared for DeepSpeed first
+    (`moe_adapter.prepare`, which `engine.build_engine` calls): its MoE MLPs in DeepSpeed's layer, their experts
+    packed. Those groups hold whole MoE layers (see `moe_group_size`). Reads the model, changes nothing in it.
     """
-    moe_adapter.prepare(model)  # before the optimizer holds the experts' weights
+    unprepared = [layer for layer in moe_adapter.moe_layers(model) if not moe_adapter.is_prepared(layer)]
+    assert not unprepared, "prepare the model for DeepSpeed (moe_adapter.prepare) before building its param groups"
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:

@@ -1,7 +1,8 @@
 """Run under `torchrun --nproc_per_node 2 tests/helpers/moe_expert_parallel.py CASE...`, each CASE a
-`moe_grouped_gemm` mode ("always" or "never"), optionally followed by "+fine": an ep_size-2 MoE model on half
-the batch per rank must give the loss and gradients of the same model (ep_size 1) on the whole batch in one
-process.
+`moe_grouped_gemm` mode ("always" or "never"), optionally followed by "+fine" or "+deepspeed": an ep_size-2 MoE model
+on half the batch per rank must give the loss and gradients of the same model (ep_size 1, the indexed dispatch) on
+the whole batch in one process. "+deepspeed": the ep_size-2 model dispatches through DeepSpeed's dispatcher
+(`moe_dispatch` "deepspeed", dropless: its capacity is the busiest expert's over both ranks).
 
 Gradient convention checked: non-expert gradients are averaged over data-parallel ranks; an expert's gradient
 (it lives on one rank, fed by both ranks' tokens through the all-to-all) is divided by the world size, which is
@@ -27,24 +28,24 @@ from adaptive_ds.training import moe_adapter
 EXPERT = re.compile(r"(.*\.deepspeed_experts\.)(\d+)(\..*)")
 
 
-def config(ep_size: int, grouped: str, fine: bool) -> AdaptiveDSConfig:
+def config(ep_size: int, grouped: str, fine: bool, dispatch: str = "indexed") -> AdaptiveDSConfig:
     options = dict(moe_expert_granularity=2, moe_shared_experts=1, moe_balancing="bias") if fine else {}
     return AdaptiveDSConfig(arch="moe", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                             moe_drop_tokens=False, moe_ep_size=ep_size, router_aux_loss_coef=0.0,
-                            router_z_loss_coef=0.0, moe_grouped_gemm=grouped, **options)
+                            router_z_loss_coef=0.0, moe_grouped_gemm=grouped, moe_dispatch=dispatch, **options)
 
 
 def main() -> None:
     """Every case in one launch: a process start-up costs more than the check itself."""
     init_distributed()
     for case in sys.argv[1:]:
-        grouped, _, fine = case.partition("+")
-        check(case, grouped, fine == "fine")
+        grouped, _, option = case.partition("+")
+        check(case, grouped, option == "fine", "deepspeed" if option == "deepspeed" else "indexed")
     dist.destroy_process_group()
 
 
-def check(case: str, grouped: str, fine: bool) -> None:
+def check(case: str, grouped: str, fine: bool, dispatch: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     reference = AdaptiveDSForCausalLM(config(1, grouped, fine))
@@ -56,7 +57,7 @@ def check(case: str, grouped: str, fine: bool) -> None:
     ref_out.loss.backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters()}
 
-    model = AdaptiveDSForCausalLM(config(world, grouped, fine))
+    model = AdaptiveDSForCausalLM(config(world, grouped, fine, dispatch))
     moe_adapter.prepare(model)  # DeepSpeed's MoE layers as the trainer builds them, given groups as the engine does
     for module in model.modules():
         if hasattr(module, "set_deepspeed_parallelism"):

@@ -8,6 +8,7 @@ from helpers.common import tiny_config
 
 from adaptive_ds import distributed
 from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.training import moe_adapter
 from adaptive_ds.training.optim import parameter_groups
 
 
@@ -21,6 +22,7 @@ def _compiled_steps(arch: str, steps: int, checkpointing: bool = False) -> dict:
     model.model.gradient_checkpointing = checkpointing
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    moe_adapter.prepare(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=config)
     engine.compile(backend="eager")
     for _ in range(steps):

@@ -46,7 +46,7 @@ def test_grouped_gemm_equals_the_per_expert_path_in_bf16(tiny_config):
                                        moe_grouped_gemm="always")).cuda().bfloat16()
     torch.nn.init.normal_(layer.moe.deepspeed_moe.gate.wg.weight, std=0.5)
     reference = copy.deepcopy(layer)
-    reference.grouped_gemm = "never"
+    reference.experts.grouped_gemm = "never"
     x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16)
     assert use_grouped_mm(x, "always") and not use_grouped_mm(x, "never")
     xs = [x.clone().requires_grad_(True) for _ in range(2)]

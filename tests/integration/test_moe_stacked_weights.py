@@ -15,6 +15,7 @@ from adaptive_ds import distributed
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models.expert_layout import stacked_weights
 from adaptive_ds.models.moe import MoEFeedForward
+from adaptive_ds.training import moe_adapter
 from adaptive_ds.training.optim import parameter_groups
 
 
@@ -28,6 +29,7 @@ def _engine_losses(tmp_path: Path, grouped_gemm: str, zero_stage: int) -> tuple[
     model = AdaptiveDSForCausalLM(tiny_config("moe", moe_grouped_gemm=grouped_gemm))
     config = json.loads(Path(write_ds_config(tmp_path, zero_stage=zero_stage)).read_text())
     del config["adaptive_ds"]
+    moe_adapter.prepare(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=config)
     flat = {t.untyped_storage().data_ptr() for t in getattr(engine.optimizer, "bit16_groups_flat", [])}
     layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
@@ -69,6 +71,7 @@ def test_a_packed_engine_writes_deepspeeds_per_expert_files_and_resumes_from_the
     engines = []
     for _ in range(2):
         model = AdaptiveDSForCausalLM(tiny_config("moe", moe_grouped_gemm="always"))
+        moe_adapter.prepare(model)
         engines.append(deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1),
                                             config=config)[0])
     trained, resumed = engines
@@ -107,6 +110,7 @@ def test_moe_param_groups_hold_whole_layers_so_zero_keeps_each_layers_experts_at
     cap = int(per_layer * layers_per_cap)
     config = json.loads(Path(tiny_ds_config(zero_stage=1)).read_text())
     del config["adaptive_ds"]
+    moe_adapter.prepare(model)
     groups = parameter_groups(model, 0.1, moe_group_cap=cap)
     moe_groups = [sum(p.numel() for p in g["params"]) for g in groups if g.get("moe")]
     if layers_per_cap > 1:  # 2 layers a group (DeepSpeed's cut at 2.5 layers would split the third)
@@ -129,13 +133,14 @@ def test_a_weight_alone_in_its_param_group_stays_in_the_bf16_optimizers_buffer_a
     config.update(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
     torch.manual_seed(0)
     model = AdaptiveDSForCausalLM(tiny_config("moe", moe_grouped_gemm="always"))
+    moe_adapter.prepare(model)
     groups = parameter_groups(model, 0.1, moe_group_cap=32 * 64)  # one expert weight a group
     engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
     flat = {t.untyped_storage().data_ptr() for t in engine.optimizer.bf16_groups_flat}
     layer = next(m for m in model.modules() if isinstance(m, MoEFeedForward))
     weights = projection_weights(layer, "gate_proj")
     before = weights[0].detach().clone()
-    stacked_weights(weights, layer.may_pack)  # what the grouped GEMM's forward calls
+    stacked_weights(weights, layer.experts.may_pack)  # what the grouped GEMM's forward calls
     assert all(w.untyped_storage().data_ptr() in flat for w in weights)
     ids = torch.randint(2, 64, (2, 16))
     for _ in range(2):

@@ -158,6 +158,7 @@ def test_a_universal_checkpoint_whose_param_groups_do_not_pair_with_the_run_is_r
 
     from adaptive_ds import distributed
     from adaptive_ds.models import AdaptiveDSForCausalLM
+    from adaptive_ds.training import moe_adapter
     from adaptive_ds.training.checkpoint import check_param_groups
     from adaptive_ds.training.optim import parameter_groups
 
@@ -165,6 +166,7 @@ def test_a_universal_checkpoint_whose_param_groups_do_not_pair_with_the_run_is_r
     config = json.loads(open(tiny_ds_config()).read())
     del config["adaptive_ds"]
     model = AdaptiveDSForCausalLM(tiny_config("moe"))
+    moe_adapter.prepare(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=config)
     groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.optimizer.param_groups]
     (tmp_path / "u" / "zero").mkdir(parents=True)

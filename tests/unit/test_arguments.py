@@ -85,7 +85,7 @@ def test_the_training_page_holds_the_generated_settings_table():
     # model overrides: checked by building the configuration the run would build
     (["--arch", "mod"], {"block": {"model": {"mod_capacity": 2}}},
      "model: invalid AdaptiveDSConfig: mod_capacity must be in (0, 1], got 2"),
-    ([], {"block": {"model": {"mod_capacity": "half"}}}, "model.mod_capacity must be a number, got 'half'"),
+    ([], {"block": {"model": {"mod_capacity": "half"}}}, "model.mod_capacity must be a number or null, got 'half'"),
     (["--arch", "moe", "--ep_size", "3"], {},
      "the 8 routed experts (num_local_experts x moe_expert_granularity) are not divisible by moe_ep_size 3"),
     (["--arch", "moe", "--ep_size", "2"], {}, "moe_ep_size 2 does not divide the world size 1"),

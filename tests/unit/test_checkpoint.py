@@ -16,7 +16,8 @@ def test_a_missing_model_field_means_what_loading_that_config_means(arch, tiny_c
     # default (router) would load the wrong modules, so it is refused in one line unless the run says predictor.
     # A dense one has no MoD block: the field does nothing there, and the checkpoint resumes as it is.
     current = {"arch": arch, "model": json.loads(json.dumps(tiny_config(arch).to_dict()))}
-    saved = {"arch": arch, "model": {k: v for k, v in current["model"].items() if k != "mod_causal_routing"}}
+    saved = {"arch": arch, "model": {k: v for k, v in current["model"].items()  # written before both fields
+                                     if k not in ("mod_causal_routing", "config_version")}}
     completed = checkpoint.with_new_model_fields(saved)
     if arch == "dense":
         checkpoint.check_compatible(completed, current, "ckpt")
@@ -33,8 +34,8 @@ def test_a_mod_checkpoint_without_the_capacity_fields_resumes_as_capacity_half_i
     # default is refused in one line, and a run that asks for the old setting resumes it.
     half = {"arch": "mod", "model": json.loads(json.dumps(
         model_config("debug", "mod", 128, mod_capacity=0.5, mod_layer_interval=1).to_dict()))}
-    saved = {"arch": "mod", "model": {k: v for k, v in half["model"].items()
-                                      if k not in ("mod_capacity", "mod_layer_interval")}}
+    saved = {"arch": "mod", "model": {k: v for k, v in half["model"].items()  # as identities were written then
+                                      if k not in ("mod_capacity", "mod_layer_interval", "config_version")}}
     completed = checkpoint.with_new_model_fields(saved)
     assert (completed["model"]["mod_capacity"], completed["model"]["mod_layer_interval"]) == (0.5, 1)
     checkpoint.check_compatible(completed, half, "ckpt")
@@ -81,7 +82,7 @@ def test_a_moe_checkpoint_from_before_an_option_resumes_at_its_default_and_refus
     # model) is refused in one line
     current = {"arch": "moe", "model": json.loads(json.dumps(tiny_config("moe").to_dict()))}
     saved = {"arch": "moe", "model": {k: v for k, v in current["model"].items()
-                                      if k not in ("moe_expert_granularity", "moe_balancing")}}
+                                      if k not in ("moe_expert_granularity", "moe_balancing", "config_version")}}
     completed = checkpoint.with_new_model_fields(saved)
     checkpoint.check_compatible(completed, current, "ckpt")
     finer = {**current, "model": {**current["model"], "moe_expert_granularity": 2}}

@@ -28,7 +28,7 @@ def test_llama_conversion_gives_the_same_logits(tiny_config):
 def test_mixtral_conversion_gives_the_same_logits_for_top2(drop_tokens, tiny_config):
     # A capacity-limited model converts too: the limit applies in training only, inference is dropless.
     model = AdaptiveDSForCausalLM(tiny_config("moe", moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5,
-                                              moe_eval_capacity_factor=0.5, moe_min_capacity=1))
+                                              moe_min_capacity=1))
     for layer in model.model.layers:  # a router that does something
         torch.nn.init.normal_(layer.mlp.moe.deepspeed_moe.gate.wg.weight, std=0.5)
     mixtral = to_mixtral(model)

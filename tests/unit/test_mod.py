@@ -228,7 +228,7 @@ def test_a_saved_model_from_before_the_router_option_keeps_its_predictor(tmp_pat
     model = AdaptiveDSForCausalLM(tiny_config("mod", mod_causal_routing="predictor")).eval()
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    del config["mod_causal_routing"]  # as written before the option existed
+    del config["mod_causal_routing"], config["config_version"]  # as written before the option existed
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = AdaptiveDSForCausalLM.from_pretrained(tmp_path).eval()
     assert loaded.config.mod_causal_routing == "predictor"
@@ -245,7 +245,7 @@ def test_a_saved_mod_model_without_the_capacity_fields_loads_as_capacity_half_in
     model = AdaptiveDSForCausalLM(tiny_config("mod", mod_capacity=0.5, mod_layer_interval=1)).eval()
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    del config["mod_capacity"], config["mod_layer_interval"]
+    del config["mod_capacity"], config["mod_layer_interval"], config["config_version"]  # as written then
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = AdaptiveDSForCausalLM.from_pretrained(tmp_path).eval()
     assert (loaded.config.mod_capacity, loaded.config.mod_layer_interval) == (0.5, 1) and len(mod_layers(loaded)) == 2

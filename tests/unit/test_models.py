@@ -220,7 +220,7 @@ def _capacity_limited(arch, dispatch):
     unevenly, and (hybrid) the MoD router routes some tokens and skips others.
     """
     model = _model(arch, num_local_experts=8, moe_drop_tokens=True, moe_capacity_factor=0.5,
-                   moe_eval_capacity_factor=0.5, moe_min_capacity=1, moe_dispatch=dispatch, mod_layer_interval=1)
+                   moe_min_capacity=1, moe_dispatch=dispatch, mod_layer_interval=1)
     if dispatch == "deepspeed":  # its stock layer, as the trainer swaps it in
         moe_adapter.prepare(model)
     for name, param in model.named_parameters():

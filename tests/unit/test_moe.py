@@ -1,5 +1,5 @@
-"""The index-based MoE dispatch against a naive per-expert loop and DeepSpeed's stock layer (swapped in as the
-trainer does, `moe_adapter`)."""
+"""The MoE layer's router, dispatchers and experts against a naive per-expert loop and DeepSpeed's stock layer
+(swapped in as the trainer does, `moe_adapter`)."""
 
 import pytest
 import torch
@@ -31,13 +31,13 @@ def naive_moe(layer: MoEFeedForward, x: torch.Tensor, logits: torch.Tensor | Non
     if logits is None:
         logits = F.linear(tokens.float(), layer.moe.deepspeed_moe.gate.wg.weight.float())
     probs = logits.softmax(-1)
-    top_p, top_e = probs.topk(layer.k, dim=-1)
-    if layer.k > 1:
+    top_p, top_e = probs.topk(layer.router.k, dim=-1)
+    if layer.router.k > 1:
         top_p = top_p / top_p.sum(-1, keepdim=True)
     experts = layer.moe.deepspeed_moe.experts.deepspeed_experts
     rows = []
     for t in range(tokens.shape[0]):
-        rows.append(sum(top_p[t, j] * experts[int(top_e[t, j])](tokens[t:t + 1])[0] for j in range(layer.k)))
+        rows.append(sum(top_p[t, j] * experts[int(top_e[t, j])](tokens[t:t + 1])[0] for j in range(layer.router.k)))
     return torch.stack(rows).view_as(x)
 
 
@@ -59,25 +59,32 @@ def test_indexed_dispatch_equals_a_naive_loop_in_outputs_and_gradients(k, groupe
 
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("drop_tokens", [True, False])
-def test_indexed_dispatch_equals_deepspeeds_stock_layer(k, drop_tokens):
+def test_both_dispatchers_equal_deepspeeds_stock_layer(k, drop_tokens):
+    """The indexed dispatcher and DeepSpeed's dispatcher behind the same interface both give what DeepSpeed's own
+    `deepspeed.moe.layer.MoE` computes end to end (its gate, dispatch, experts and combine): outputs, counts, the
+    aux loss and gradients."""
     # Top-1 with drops is left out: DeepSpeed picks among equal-priority tokens with topk over a 0/1 mask,
     # an order torch does not define. Top-2 drops in token order, which we reproduce exactly.
     if k == 1 and drop_tokens:
         pytest.skip("DeepSpeed's top-1 drop order is undefined")
-    layer = _layer(stock=True, num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5,
-                   moe_min_capacity=1)
+    options = dict(num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5, moe_min_capacity=1)
+    layer = _layer(stock=True, **options)
     x = torch.randn(2, 16, 32, requires_grad=True)
-    ours, ours_routing = layer(x)
-    layer.dispatch = "deepspeed"
-    stock, stock_routing = layer(x)
-    torch.testing.assert_close(ours, stock, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(ours_routing.aux_loss, stock_routing.aux_loss)
-    assert torch.equal(ours_routing.expert_counts, stock_routing.expert_counts)
-    g_ours = torch.autograd.grad(ours.sum(), [x, *layer.parameters()], allow_unused=True, retain_graph=True)
-    g_stock = torch.autograd.grad(stock.sum(), [x, *layer.parameters()], allow_unused=True)
-    for a, b in zip(g_ours, g_stock, strict=True):
-        if a is not None and b is not None:
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    indexed, indexed_routing = layer(x)
+    layer.dispatcher = moe_adapter.DeepSpeedDispatcher(tiny_config("moe", num_local_experts=4, **options))
+    deepspeed, deepspeed_routing = layer(x)
+    stock, stock_aux, stock_counts = layer.moe(x)  # DeepSpeed's layer's own forward
+    for ours, routing in ((indexed, indexed_routing), (deepspeed, deepspeed_routing)):
+        torch.testing.assert_close(ours, stock, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(routing.aux_loss, stock_aux)
+        assert torch.equal(routing.expert_counts, stock_counts)
+    params = [x, *layer.parameters()]
+    g_stock = torch.autograd.grad(stock.sum(), params, allow_unused=True)
+    for ours in (indexed, deepspeed):
+        for a, b in zip(torch.autograd.grad(ours.sum(), params, allow_unused=True, retain_graph=True), g_stock,
+                        strict=True):
+            if a is not None and b is not None:
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_capacity_drops_exactly_the_later_tokens_and_second_choices():
@@ -101,21 +108,21 @@ def test_capacity_drops_exactly_the_later_tokens_and_second_choices():
 
 
 def test_layer_reports_dropped_assignments_in_training_and_is_dropless_in_eval():
-    layer = _layer(moe_drop_tokens=True, moe_capacity_factor=0.5, moe_eval_capacity_factor=0.5, moe_min_capacity=1)
+    layer = _layer(moe_drop_tokens=True, moe_capacity_factor=0.5, moe_min_capacity=1)
     x = torch.randn(1, 40, 32)
     _, routing = layer(x)
     capacity = expert_capacity(40, 4, 2, 0.5, 1)
     assert int(routing.dropped) == int((routing.expert_counts - capacity).clamp_min(0).sum()) > 0
     layer.eval()
     _, routing = layer(x)
-    assert int(routing.dropped) == 0  # the eval factor (0.5) is unused: inference is dropless
+    assert int(routing.dropped) == 0  # inference is dropless
 
 
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
 def test_eval_is_dropless_for_a_capacity_limited_layer(k, dispatch):
     layer = _layer(stock=True, num_experts_per_tok=k, moe_drop_tokens=True, moe_capacity_factor=0.5,
-                   moe_eval_capacity_factor=0.5, moe_min_capacity=1, moe_dispatch=dispatch)
+                   moe_min_capacity=1, moe_dispatch=dispatch)
     x = torch.randn(3, 10, 32)
     trained, _ = layer(x)
     reference = naive_moe(layer, x)
@@ -139,6 +146,11 @@ def test_the_z_loss_is_the_mean_squared_logsumexp_of_the_router_logits():
     torch.testing.assert_close(routing.z_loss, torch.logsumexp(logits, -1).pow(2).mean())
 
 
+def _logits(layer: MoEFeedForward, tokens: torch.Tensor) -> torch.Tensor:
+    """The layer's router logits of `tokens` (tokens, hidden), in the layer's mode."""
+    return layer.router.logits(tokens, layer.moe.deepspeed_moe.gate.wg.weight, layer.training)
+
+
 JITTER = 1e-2  # DeepSpeed's multiplicative_jitter: each router input times a factor uniform in [1 - eps, 1 + eps]
 
 
@@ -150,25 +162,25 @@ def test_jitter_multiplies_each_router_input_by_a_factor_within_epsilon_in_train
         gate[torch.arange(4), torch.arange(4)] = 1.0
     x = torch.randn(4000, 32)
     layer.eval()
-    assert torch.equal(layer.router_logits(x), x[:, :4])  # no noise at all in eval
+    assert torch.equal(_logits(layer, x), x[:, :4])  # no noise at all in eval
     layer.train()
     with torch.no_grad():
-        factors = layer.router_logits(x) / x[:, :4]  # (tokens, experts): one factor per input element
+        factors = _logits(layer, x) / x[:, :4]  # (tokens, experts): one factor per input element
     assert factors.min() >= 1 - JITTER - 1e-6 and factors.max() <= 1 + JITTER + 1e-6
     assert factors.min() < 1 - 0.9 * JITTER and factors.max() > 1 + 0.9 * JITTER  # the whole range is drawn
     assert abs(float(factors.mean()) - 1) < 1e-3  # centred on 1 (uniform: standard error ~5e-5 here)
     assert (factors[:, 0] != factors[:, 1]).float().mean() > 0.99  # a factor per element, not one per token
-    assert not torch.equal(layer.router_logits(x), layer.router_logits(x))  # a new draw every forward
+    assert not torch.equal(_logits(layer, x), _logits(layer, x))  # a new draw every forward
     plain = _layer(moe_drop_tokens=False)
     plain.load_state_dict(layer.state_dict())
-    assert plain.training and torch.equal(plain.router_logits(x), x[:, :4])  # off unless asked for
+    assert plain.training and torch.equal(_logits(plain, x), x[:, :4])  # off unless asked for
 
 
 def test_a_jittered_layer_routes_by_the_jittered_logits_in_training_and_is_deterministic_in_eval():
     layer = _layer(moe_jitter=True, moe_drop_tokens=False)
     x = torch.randn(2, 8, 32)
     torch.manual_seed(1)
-    jittered = layer.router_logits(x.reshape(-1, 32))
+    jittered = _logits(layer, x.reshape(-1, 32))
     torch.manual_seed(1)  # the same draw inside the forward
     out, _ = layer(x)
     torch.testing.assert_close(out, naive_moe(layer, x, jittered), rtol=1e-5, atol=1e-5)
@@ -249,7 +261,7 @@ def test_the_swap_to_deepspeeds_layer_keeps_the_parameters_and_marks_the_experts
     assert all(p is q for (_, p), (_, q) in zip(after, before, strict=True))  # the same Parameter objects
     assert all(p.device.type == "cpu" for _, p in after)
     layers = moe_adapter.moe_layers(model)
-    assert all(isinstance(layer.moe, MoE) and not layer.may_pack for layer in layers)
+    assert all(isinstance(layer.moe, MoE) and not layer.experts.may_pack for layer in layers)
     experts = {n for n, p in after if not getattr(p, "allreduce", True)}  # DeepSpeed's mark on expert parameters
     assert experts == {n for n, _ in after if ".deepspeed_experts." in n}
     assert {getattr(p, "group_name", None) for n, p in after if n in experts} == {"ep_size_1"}

@@ -182,7 +182,7 @@ def test_dropless_training_drops_nothing_where_capacity_mode_drops(dispatch, opt
     dropless.load_state_dict(capped.state_dict())
     out, routing = dropless(x)
     assert dropless.training and int(routing.dropped) == 0
-    k = dropless.k
+    k = dropless.router.k
     torch.testing.assert_close(out, naive_fine_grained(dropless, x, k=k), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(capped_out, out, atol=1e-4)
 

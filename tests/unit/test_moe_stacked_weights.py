@@ -16,6 +16,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models.expert_layout import regular_stride, stacked_weights
 from adaptive_ds.models.moe import MoEFeedForward
+from adaptive_ds.training import moe_adapter
 from adaptive_ds.training.optim import parameter_groups
 
 
@@ -66,7 +67,7 @@ def test_stacked_weights_equal_a_stack_and_per_expert_matmuls_and_share_memory_w
 
     saved = []  # what the forward keeps for backward: the grouped GEMMs keep their weight operand
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = layer._experts(x, counts)
+        out = layer.experts(x, counts)
     out.square().sum().backward()
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     for p, g in zip(inputs, ref_grads, strict=True):  # each expert's .grad gets its own slice's gradient
@@ -94,7 +95,9 @@ def test_packing_keeps_the_parameters_so_an_optimizer_made_before_it_trains_the_
     torch.manual_seed(0)
     grouped = MoEFeedForward(tiny_config("moe", moe_grouped_gemm="always"))
     per_expert = copy.deepcopy(grouped)
-    per_expert.grouped_gemm = "never"
+    per_expert.experts.grouped_gemm = "never"
+    assert grouped.experts.grouped_gemm == "always"  # a deep copy's experts are its own, its modules too
+    assert per_expert.experts.modules is per_expert.moe.deepspeed_moe.experts.deepspeed_experts
     x = torch.randn(2, 12, 32)
     losses = {}
     for name, layer in (("always", grouped), ("never", per_expert)):
@@ -117,7 +120,7 @@ def test_with_activation_checkpointing_packing_in_the_first_forward_gives_the_pe
     per_expert = copy.deepcopy(grouped)
     for layer in per_expert.modules():
         if isinstance(layer, MoEFeedForward):
-            layer.grouped_gemm = "never"
+            layer.experts.grouped_gemm = "never"
     ids = torch.randint(2, 64, (2, 12))
     for model in (grouped, per_expert):
         model.model.gradient_checkpointing = True  # the packing forward runs again in backward, now as a view
@@ -160,6 +163,7 @@ def test_moe_param_groups_are_as_many_at_every_ep_size(tiny_config):
         if cap is None:  # 2.5 layers of experts: DeepSpeed's cap would cut the third layer
             cap = int(2.5 * sum(p.numel() for p in expert_modules(next(
                 m for m in model.modules() if isinstance(m, MoEFeedForward))).parameters()))
+        moe_adapter.prepare(model)
         groups = parameter_groups(model, 0.1, moe_group_cap=cap)
         counts.append(sum(1 for g in groups if g.get("moe")))
     assert counts == [2, 2]

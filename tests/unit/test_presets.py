@@ -53,9 +53,9 @@ def test_explicit_overrides_win_over_the_architectures_defaults():
     assert (half.mod_capacity, half.mod_layer_interval) == (0.5, 1)
     half = model_config("debug", "hybrid", 128, **VARIANTS["mod:half"].model)
     assert (half.mod_capacity, half.mod_layer_interval) == (0.5, 1)
-    # a config built directly keeps the fields' defaults: what a config without them has always meant
-    direct = AdaptiveDSConfig(arch="mod")
-    assert (direct.mod_capacity, direct.mod_layer_interval) == (0.5, 1)
+    # a config built directly is what --arch builds (tests/unit/test_config_defaults.py), under its explicit fields
+    direct = AdaptiveDSConfig(arch="mod", mod_capacity=0.25)
+    assert (direct.mod_capacity, direct.mod_layer_interval) == (0.25, 2)
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

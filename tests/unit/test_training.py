@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from adaptive_ds.training import moe_adapter
 from adaptive_ds.training.optim import parameter_groups, warmup_cosine
 
 
@@ -13,6 +14,7 @@ def test_weight_decay_skips_norms_and_experts_get_moe_groups(tiny_config):
     from adaptive_ds.models import AdaptiveDSForCausalLM
 
     model = AdaptiveDSForCausalLM(tiny_config("moe"))
+    moe_adapter.prepare(model)
     groups = parameter_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     for group in groups:
@@ -21,6 +23,29 @@ def test_weight_decay_skips_norms_and_experts_get_moe_groups(tiny_config):
                 assert group["weight_decay"] == 0.0
             assert group.get("moe", False) == ("deepspeed_experts" in names[id(p)])
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_building_param_groups_changes_nothing_in_the_model_and_needs_it_prepared(tiny_config):
+    """Preparing the model for DeepSpeed is its own step (`moe_adapter.prepare`, where the engine is built); the param
+    groups only read the model."""
+    from adaptive_ds.models import AdaptiveDSForCausalLM
+
+    model = AdaptiveDSForCausalLM(tiny_config("moe"))
+
+    def layout():  # every module object, and every parameter's object and storage
+        return ([(name, id(module)) for name, module in model.named_modules()],
+                [(name, id(p), p.data_ptr(), p.storage_offset()) for name, p in model.named_parameters()])
+
+    before = layout()
+    with pytest.raises(AssertionError, match="moe_adapter.prepare"):
+        parameter_groups(model, 0.1)
+    assert layout() == before
+    moe_adapter.prepare(model)
+    before = layout()
+    parameter_groups(model, 0.1)
+    assert layout() == before
+    dense = AdaptiveDSForCausalLM(tiny_config("dense"))  # no MoE layer: nothing to prepare
+    assert sum(len(g["params"]) for g in parameter_groups(dense, 0.1)) == len(list(dense.parameters()))
 
 
 def test_mod_capacity_anneals_from_one_to_the_target():
