@@ -92,3 +92,43 @@ def test_a_boundary_met_with_unhealthy_weights_is_saved_at_the_first_healthy_ste
     for step in (1, 2, 3):
         saver.maybe_save(step, healthy=healthy_at_2 or step != 2)
     assert written == saved
+
+
+IDENTITY = {"preset": "debug", "arch": "dense", "world_size": 1, "rows_per_step": 8, "model": {"hidden_size": 32}}
+
+
+def test_open_says_where_a_run_starts_and_refuses_a_directory_that_is_not_its_own(tmp_path, monkeypatch):
+    from adaptive_ds import distributed
+    from adaptive_ds.training.arguments import ConfigError
+    from adaptive_ds.training.stop import Progress
+
+    distributed.init_distributed()
+    progress = Progress()
+    new = Checkpointer.open(str(tmp_path / "new"), IDENTITY, progress=progress)
+    assert (new.output_dir, new.tag, new.saved) == (str(tmp_path / "new"), None, None) and (tmp_path / "new").is_dir()
+    assert progress.rerun == "rerun the same command" and progress.checkpoint is None
+    # this run's own files from an attempt killed before its first checkpoint (on another number of processes):
+    # it starts over there
+    (tmp_path / "new" / "metrics.jsonl").write_text("")
+    (tmp_path / "new" / "run_identity.json").write_text(json.dumps({**IDENTITY, "world_size": 2}))
+    assert Checkpointer.open(str(tmp_path / "new"), IDENTITY).tag is None
+    (tmp_path / "new" / "run_identity.json").write_text(json.dumps({**IDENTITY, "arch": "moe"}))
+    with pytest.raises(ConfigError, match="holds another run's files but no checkpoint"):
+        Checkpointer.open(str(tmp_path / "new"), IDENTITY)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"holds files of something else \(notes.txt\) but no checkpoint"):
+        Checkpointer.open(str(tmp_path / "other"), IDENTITY)
+    (tmp_path / "saved" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "saved" / "checkpoints" / "latest").write_text("step00000002")
+    with pytest.raises(ConfigError, match="holds checkpoint step00000002; pass --resume auto"):
+        Checkpointer.open(str(tmp_path / "saved"), IDENTITY, resume="never")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is a file"):
+        Checkpointer.open(str(tmp_path / "file"), IDENTITY)
+    # without --output_dir: the job's directory, which the line to continue must name
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    chosen = Checkpointer.open(None, IDENTITY, progress=progress)
+    assert chosen.output_dir == "runs/debug-dense-slurm-7"
+    assert progress.rerun == "rerun the same command with --output_dir runs/debug-dense-slurm-7" == chosen.rerun
