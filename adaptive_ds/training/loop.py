@@ -151,8 +151,8 @@ class Trainer:
         self.checkpointer = Checkpointer(
             self.engine, states, self.resume, self.identity, self.data.tokenizer, save_steps=settings.save_steps,
             keep_last=settings.keep_last, max_steps=settings.max_steps, max_failed_saves=settings.max_failed_saves,
-            stop_grace_s=settings.stop_grace_s, progress=self.progress, on_saved=self._push_checkpoint,
-            amend_record=self.metrics.amend)
+            stop_grace_s=settings.stop_grace_s, progress=self.progress, amend_record=self.metrics.amend,
+            on_saved=self._push_checkpoint if settings.push_to_hub and settings.push_every_save else None)
         self.data_steps = 0  # step batches read (a rollback skips data, so it can exceed the step)
         self.stopped_early = False  # early stopping ended the run: a rerun of the command trains no more
         self._phase = "forward"  # where the step is, for the controller when it runs out of memory
@@ -448,9 +448,7 @@ class Trainer:
             write_summary(self.output_dir, summary)
 
     def _push_checkpoint(self, step: int) -> None:
-        """The checkpointer's `on_saved`: with --push_every_save, the checkpoint's weights to the Hub."""
-        if not (self.settings.push_to_hub and self.settings.push_every_save):
-            return
+        """The checkpointer's `on_saved` with --push_every_save: the checkpoint's weights to the Hub."""
         staging = os.path.join(self.output_dir, "checkpoints", "hub_snapshot")
         final.save_final(self.engine.module, self.data.tokenizer, staging, is_writer=self.rank == 0,
                          zero_stage=self.engine.zero_optimization_stage())
@@ -462,7 +460,6 @@ class Trainer:
             if self.source:
                 facts.update(base_model=self.base_model["source"], base_model_sha256=self.base_model["sha256"])
             self.pusher.push_in_background(staging, model_card(facts, startup.command()), f"checkpoint at step {step}")
-
 
 
 def _agreed_first(batches):
