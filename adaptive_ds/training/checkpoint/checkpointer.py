@@ -2,17 +2,17 @@
 
 The loop reaches checkpointing through a `Checkpointer` only, as torchtitan's does through its CheckpointManager:
 
-    resume = Checkpointer.open(output_dir, identity)        # before the engine: where the run starts
+    resume = Checkpointer.open(output_dir, identity)         # before the engine: where the run starts
     checkpointer = Checkpointer(engine, states={...}, resume=resume, ...)
     checkpointer.restore()                                   # the newest complete checkpoint, every state loaded
     checkpointer.maybe_save(step, healthy)                   # at its cadence, from healthy weights only
-    checkpointer.roll_back(step)                             # a bad step: back to the latest checkpoint
+    checkpointer.roll_back()                                 # a bad step: back to the latest checkpoint
     checkpointer.save_on_stop(step, stop, healthy)           # a signal: save there, then StopRequested
     checkpointer.save_at_end(step, healthy)                  # the run's last step
 
 A checkpoint is DeepSpeed's engine (model, optimizer, schedule, loss scaler), each rank's RNG, the tokenizer, and the
 union of the `states` (any objects with `state_dict()` / `load_state_dict()`), laid out as checkpoints always were
-(`_LAYOUT`), so that old checkpoints resume.
+(`_TOP_LEVEL`, `_PER_RANK`), so that old checkpoints resume.
 """
 
 from __future__ import annotations
@@ -222,7 +222,8 @@ class Checkpointer:
         self.last_saved = step
 
     def _state_dicts(self) -> tuple[dict, dict]:
-        """The states as they are written (`_LAYOUT`): run.json's dict, and this rank's own states by name."""
+        """The states as they are written (`_TOP_LEVEL`, `_PER_RANK`): run.json's dict, and this rank's own states
+        by name."""
         shared, own = {}, {}
         for name, state in self.states.items():
             if name in _TOP_LEVEL:
