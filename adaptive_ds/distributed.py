@@ -10,7 +10,6 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 
 import deepspeed
@@ -262,20 +261,6 @@ def describe_lost_contact(error: BaseException) -> str:
     """The backend's message in a few words: without its source location and its advice paragraph."""
     text = re.sub(r"^\[[^\]]*\] ", "", " ".join(str(error).split()))
     return text.split(". This is typically")[0][:200]
-
-
-@dataclass
-class Progress:
-    """Where this process is, for the one line it prints when it has to stop (a lost peer, SIGTERM)."""
-
-    step: int | None = None  # the step being trained (set by the training loop)
-    checkpoint: str | None = None  # the newest complete checkpoint this process saved or resumes from
-    # how the line says to continue: the same command, or, where the run chose its own time-stamped output
-    # directory, the same command naming that directory (a plain rerun would start another run)
-    rerun: str = "rerun the same command"
-
-
-progress = Progress()
 
 
 class _RankZeroFilter(logging.Filter):

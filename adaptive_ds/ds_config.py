@@ -9,8 +9,11 @@ process group exists. `problems()` collects every issue; `read()` raises them as
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -151,3 +154,26 @@ def read(ds_config: dict) -> DeepSpeedLayout:
         train_batch_size=ds_config.get("train_batch_size"),
         precision=precision(ds_config), zero_stage=zero.get("stage", 0),
         offload_optimizer=_offload(zero, "offload_optimizer"), offload_param=_offload(zero, "offload_param"))
+
+
+def keep_global_batch(ds_config: dict, rows: int, world_size: int, micro_batch: int | None = None,
+                      written_on: int | None = None) -> dict:
+    """`ds_config` re-split so that one optimizer step is still `rows` rows over `world_size` processes: the
+    micro-batch `micro_batch` (default: the config's), and the gradient accumulation that makes up the rest (a
+    warning says so). A resume on another number of processes keeps its checkpoint's global batch this way, so it
+    continues on the same samples at the same steps; `written_on`: the number of processes the checkpoint was
+    written on, for the warning. The config itself when it already makes `rows`; a ConfigError when `rows` does
+    not split into micro-batches of `micro_batch` on `world_size` processes."""
+    if read(ds_config).rows_per_rank_step * world_size == rows:
+        return ds_config
+    micro = micro_batch or ds_config["train_micro_batch_size_per_gpu"]
+    if rows % (micro * world_size):
+        raise ConfigError(f"the checkpoint's global batch of {rows} rows does not split into micro-batches "
+                          f"of {micro} on {world_size} processes; pass a --micro_batch that divides "
+                          f"{rows // world_size}")
+    accumulation = rows // (micro * world_size)
+    logger.warning("resuming a %d-process run on %d: gradient accumulation %d keeps its global batch of %d "
+                   "rows", written_on or world_size, world_size, accumulation, rows)
+    kept = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accumulation}
+    kept.pop("train_batch_size", None)
+    return kept

@@ -56,11 +56,9 @@ def _stop_signals() -> None:
         signal.signal(signum, _ignore)
 
 
-def _stopped(what: str) -> str:
-    """The one line: what stopped the run, where, and how to continue."""
-    from .. import distributed
-
-    progress = distributed.progress
+def _stopped(what: str, progress) -> str:
+    """The one line: what stopped the run, where (`progress`: stop.Progress, which the run kept up to date), and how
+    to continue."""
     where = f"at step {progress.step}" if progress.step is not None else "before training began"
     to = (f"resume from checkpoint {progress.checkpoint}" if progress.checkpoint
           else "start again (no checkpoint was saved yet)")
@@ -77,12 +75,13 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
     except ConfigError as error:
         _end(f"error: {error}", 1)
     from .. import distributed
-    from .stop import StopRequested
+    from .stop import Progress, StopRequested
 
+    progress = Progress()  # the run keeps it up to date, for the one line if a process is lost
     signal.signal(signal.SIGTERM, _on_sigterm)  # torchrun's agent sends it to the survivors when a worker dies
     try:
         # interpreter start-up and imports are part of the run's setup time
-        train(argv, process_started=psutil.Process().create_time(), hooks=hooks)
+        train(argv, process_started=psutil.Process().create_time(), hooks=hooks, progress=progress)
         distributed.close()
         return
     except BaseException as error:
@@ -99,17 +98,17 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
             continue
     if isinstance(stop, StopRequested):  # stopped as asked, and saved: the exit status a signal gives
         _end(stop.line, 128 + stop.signum)
-    line = _one_line(stop)
+    line = _one_line(stop, progress)
     if line is None:
         raise stop
     _end(line, 1)
 
 
-def train(argv: list[str], process_started: float, hooks=None) -> None:
+def train(argv: list[str], process_started: float, hooks=None, progress=None) -> None:
     """The run (training/loop.py), imported once `main` has checked its arguments."""
     from .loop import train as run
 
-    run(argv, process_started=process_started, hooks=hooks)
+    run(argv, process_started=process_started, hooks=hooks, progress=progress)
 
 
 def _end(line: str, status: int) -> NoReturn:
@@ -121,17 +120,18 @@ def _end(line: str, status: int) -> NoReturn:
     raise SystemExit(status)
 
 
-def _one_line(error: BaseException) -> str | None:
-    """The line a run that stopped with `error` ends with; None for an error that is a defect (its traceback)."""
+def _one_line(error: BaseException, progress) -> str | None:
+    """The line a run that stopped with `error` ends with (`progress`: where it was); None for an error that is a
+    defect (its traceback)."""
     from .. import distributed
     from .checkpoint import CheckpointError
 
     if isinstance(error, (ConfigError, CheckpointError, TrainingStopped, distributed.PortInUse)):
         return f"error: {error}"
     if isinstance(error, Terminated):
-        return _stopped("stopped by SIGTERM (a launcher stops every process when one fails)")
+        return _stopped("stopped by SIGTERM (a launcher stops every process when one fails)", progress)
     what = _lost_a_process(error) if isinstance(error, RuntimeError) else None
-    return None if what is None else _stopped(what)
+    return None if what is None else _stopped(what, progress)
 
 
 # torch's words for a loader worker that died (torch/utils/data: by a signal, or noticed by the main process)

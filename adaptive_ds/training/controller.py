@@ -100,19 +100,6 @@ class Verdict:
 CONTINUE = Verdict(Action.CONTINUE)
 
 
-def _severity(verdict: Verdict) -> int:
-    # RETRY_STEP is an out-of-memory step's alone, which the loop retries before anything else judges the step
-    if verdict.action is Action.STOP:
-        return 3 if verdict.failed else 1
-    return 2 if verdict.action is Action.ROLL_BACK else 0
-
-
-def strongest(*verdicts: Verdict) -> Verdict:
-    """The verdict the loop acts on when several sources judge one step (its validation and its logging window): a
-    failure first, then a rollback, then a planned stop (early stopping), else CONTINUE; the first of equals."""
-    return max(verdicts, key=_severity, default=CONTINUE)
-
-
 @dataclass(frozen=True)
 class StepReport:
     step: int
@@ -281,12 +268,15 @@ class Controller:
         self.nonfinite, self.spiking = 0, False  # a checkpoint is only written from healthy weights
 
     # logging windows: routing
-    def observe_window(self, report: WindowReport) -> Verdict:
+    def observe_window(self, report: WindowReport) -> None:
+        """After each logging window: the routing steers knobs (the aux-loss coefficient, the MoD capacity toward
+        its FLOPs target) and reports dead experts. It returns no verdict: a knob reaches the engine before the next
+        step (`Trainer.apply`), so a window never asks the loop to retry, roll back or stop, and a verdict that could
+        only be CONTINUE would be one more thing for the loop to merge with the validation's."""
         if report.moe:
             self._observe_moe(report.step, report.moe)
         if report.mod:
             self._observe_mod(report.step, report.mod)
-        return CONTINUE
 
     def _observe_moe(self, step: int, moe: dict) -> None:
         if not self.settings.moe_balance:

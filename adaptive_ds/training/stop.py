@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -34,6 +35,19 @@ from .. import distributed
 logger = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class Progress:
+    """Where this process is, for the one line it prints when it has to stop (a lost peer, SIGTERM). Whoever starts
+    the run holds it (`__main__`) and hands it to the run: the loop sets the step, the checkpointer the checkpoint
+    and how the line says to continue."""
+
+    step: int | None = None  # the step being trained
+    checkpoint: str | None = None  # the newest complete checkpoint this process saved or resumes from
+    # how the line says to continue: the same command, or, where the run chose its own time-stamped output
+    # directory, the same command naming that directory (a plain rerun would start another run)
+    rerun: str = "rerun the same command"
 
 
 class StopRequested(Exception):

@@ -11,11 +11,7 @@ from helpers.faults import Faults
 from adaptive_ds.training import train
 from adaptive_ds.training.checkpoint import latest_tag
 from adaptive_ds.training.controller import (
-    CONTINUE,
-    Action,
-    Controller,
     TrainingStopped,
-    Verdict,
 )
 
 
@@ -142,38 +138,6 @@ def test_activation_checkpointing_trains_the_same_as_without(tmp_path):
     b = train(["--ds_config", _config(tmp_path, max_steps=3, save_steps=0, activation_checkpointing=True),
                "--output_dir", str(tmp_path / "b")])
     assert b["validation_loss"] == pytest.approx(a["validation_loss"], rel=1e-5)
-
-
-def test_a_logging_windows_verdict_is_acted_on_as_a_steps_is(tmp_path, monkeypatch):
-    """The routing window's verdict goes through the loop's one dispatch: a rollback it asks for takes the run back
-    to the latest checkpoint (the steps after it are abandoned, then trained again), and a failure stops the run
-    with the verdict's reason, keeping what was saved."""
-    real = Controller.observe_window
-    asked = []
-
-    def roll_back_once(self, report):
-        real(self, report)
-        if report.step == 3 and not asked:
-            asked.append(report.step)
-            return Verdict(Action.ROLL_BACK, "a window asked for it")
-        return CONTINUE
-
-    monkeypatch.setattr(Controller, "observe_window", roll_back_once)
-    out = tmp_path / "rolled"
-    summary = train(["--ds_config", _config(tmp_path), "--output_dir", str(out)])
-    assert asked == [3] and summary["steps"] == 6
-    assert [m["step"] for m in _jsonl(out / "abandoned_metrics.jsonl")] == [3]  # logged, then undone
-    assert [m["step"] for m in _jsonl(out / "metrics.jsonl") if "loss" in m] == [1, 2, 3, 4, 5, 6]
-
-    def fail_at_five(self, report):
-        real(self, report)
-        return Verdict(Action.STOP, "the routing collapsed", failed=True) if report.step == 5 else CONTINUE
-
-    monkeypatch.setattr(Controller, "observe_window", fail_at_five)
-    out = tmp_path / "failed"
-    with pytest.raises(TrainingStopped, match="the routing collapsed"):
-        train(["--ds_config", _config(tmp_path), "--output_dir", str(out)])
-    assert latest_tag(str(out)) == "step00000004"
 
 
 def test_early_stopping_ends_the_run_saved_as_usual(tmp_path):

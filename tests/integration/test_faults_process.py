@@ -15,10 +15,10 @@ import pytest
 import torch
 from helpers.common import ROOT, free_port, write_ds_config
 
-from adaptive_ds import distributed
 from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
 from adaptive_ds.training.__main__ import _lost_a_process, _stopped
 from adaptive_ds.training.checkpoint import latest_tag
+from adaptive_ds.training.stop import Progress
 
 STOPPED = re.compile(r"error: (lost contact with another process \((.+)\)|stopped by SIGTERM \(.+\)|"
                      r"a data loader worker died \(.+\)) at step (\d+); "
@@ -129,6 +129,6 @@ def test_a_data_loader_worker_stopped_by_a_signal_is_a_lost_process_not_a_traceb
     # torch reports a worker's death by its signal (SIGCHLD handler) or, if its queue noticed first, without it
     assert what.startswith("stopped by SIGTERM (" if signum == signal.SIGTERM else "a data loader worker died (") \
         or what.startswith("a data loader worker died (DataLoader worker (pid(s) "), what
-    monkeypatch.setattr(distributed, "progress", distributed.Progress(7, "/run/checkpoints/step00000006"))
-    assert STOPPED.fullmatch(_stopped(what)).group(3, 4) == ("7", "step00000006")
+    assert STOPPED.fullmatch(_stopped(what, Progress(7, "/run/checkpoints/step00000006"))).group(3, 4) == \
+        ("7", "step00000006")
     assert _lost_a_process(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None

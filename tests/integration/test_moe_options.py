@@ -28,7 +28,7 @@ class _BiasRecorder:
             self.untrained_loss = evaluate(trainer.engine, batches).loss
         layers = [m for m in trainer.engine.module.modules() if isinstance(m, MoEFeedForward)]
         self.tally[step] = torch.stack([m.routing_bias_steps.clone() for m in layers])
-        window = trainer.window.expert_counts
+        window = trainer.metrics.routing.expert_counts
         self.counts[step] = None if window is None else window.clone()
         self.aux_coef = trainer.controller.knobs.aux_coef
 

@@ -59,21 +59,68 @@ def test_a_hybrid_checkpoint_of_the_old_top2_default_is_refused_and_resumes_when
     checkpoint.check_compatible(old, asked, "ckpt")
 
 
-def test_the_loop_reaches_checkpoints_through_three_names():
-    """The training loop uses the checkpoint package through the Checkpointer and the run identity's two functions,
-    nothing else (a static check of loop.py: every `checkpoint.NAME` it reads but the errors it catches, and no
-    `from .checkpoint import`)."""
+def _checkpointing_outside_the_checkpointer(source: str) -> list[str]:
+    """What a module's source reaches of checkpointing other than through a Checkpointer: an import from the
+    checkpoint package of anything but the Checkpointer class, a name the package exports used bare or on anything
+    but `self.checkpointer` or `Checkpointer`, and the process-wide progress (`distributed.progress`)."""
     import ast
 
+    tree = ast.parse(source)
+    exported = set(checkpoint.__all__) - {"Checkpointer"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names]
+            module = node.module or ""
+            if "checkpoint" in module.split(".") and names != ["Checkpointer"]:
+                found.append(f"from {module} import {', '.join(names)}")
+            elif "checkpoint" in names:
+                found.append(f"from {module or '.'} import checkpoint")
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if "checkpoint" in a.name.split(".")]
+        elif isinstance(node, ast.Name) and node.id in exported:
+            found.append(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in exported and \
+                ast.unparse(node.value) not in ("self.checkpointer", "Checkpointer"):
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.Attribute) and node.attr == "progress" and ast.unparse(node.value) == "distributed":
+            found.append("distributed.progress")
+    return found
+
+
+def test_the_loop_reaches_checkpointing_through_the_checkpointer_only():
+    """training/loop.py saves, resumes, rolls back and stops through one object: it imports the Checkpointer class
+    from the checkpoint package and nothing else, calls the package's functions only as the checkpointer's methods,
+    and keeps no process-wide progress (a static check of its source)."""
     import adaptive_ds.training.loop as loop_module
 
-    tree = ast.parse(open(loop_module.__file__).read())
-    used = {node.attr for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "checkpoint"
-            and not node.attr.endswith("Error")}
-    direct = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
-              and node.module.startswith("checkpoint")]
-    assert used == {"Checkpointer", "run_identity", "check_resumable"} and not direct, used
+    assert _checkpointing_outside_the_checkpointer(open(loop_module.__file__).read()) == []
+
+
+def test_the_static_check_finds_each_way_around_the_checkpointer():
+    """The check above on sources that reach checkpointing each way it forbids (the loop's own before the
+    Checkpointer owned resume and stop did all of them), and on one that does not."""
+    around = """
+from . import checkpoint
+from .checkpoint import Checkpointer, save
+from .checkpoint.storage import latest_tag
+import adaptive_ds.training.checkpoint.manager
+saved = checkpoint.check_resumable(output_dir, tag, identity)
+tag = latest_tag(output_dir)
+self.engine.restore(1)
+distributed.progress.step = 3
+"""
+    assert _checkpointing_outside_the_checkpointer(around) == [
+        "from . import checkpoint", "from checkpoint import Checkpointer, save", "from checkpoint.storage import "
+        "latest_tag", "import adaptive_ds.training.checkpoint.manager", "checkpoint.check_resumable", "latest_tag",
+        "self.engine.restore", "distributed.progress"]
+    through = """
+from .checkpoint import Checkpointer
+resume = Checkpointer.open(output_dir, Checkpointer.run_identity(settings, 1, 8, config))
+self.checkpointer.restore()
+self.checkpointer.maybe_save(step, healthy)
+"""
+    assert _checkpointing_outside_the_checkpointer(through) == []
 
 
 def test_a_moe_checkpoint_from_before_an_option_resumes_at_its_default_and_refuses_another(tiny_config):

@@ -9,15 +9,12 @@ from helpers.common import write_ds_config
 
 from adaptive_ds.training import train
 from adaptive_ds.training.controller import (
-    CONTINUE,
     Action,
     Controller,
     ControllerSettings,
     Knobs,
     StepReport,
-    Verdict,
     WindowReport,
-    strongest,
 )
 
 
@@ -173,12 +170,3 @@ def _config(tmp_path, micro=8, accum=1, controller=None, **block):
 def test_unknown_controller_keys_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown controller key"):
         train(["--ds_config", _config(tmp_path, controller={"oom_retry": 1}), "--output_dir", str(tmp_path / "x")])
-
-
-def test_the_strongest_of_a_steps_verdicts_is_the_one_acted_on():
-    failed = Verdict(Action.STOP, "collapsed", failed=True)
-    back = Verdict(Action.ROLL_BACK, "spike")
-    early = Verdict(Action.STOP, "plateau")
-    assert strongest() == CONTINUE and strongest(CONTINUE, CONTINUE) == CONTINUE
-    assert strongest(early, back) == back and strongest(back, failed) == failed and strongest(CONTINUE, early) == early
-    assert strongest(Verdict(Action.ROLL_BACK, "first"), Verdict(Action.ROLL_BACK, "second")).reason == "first"

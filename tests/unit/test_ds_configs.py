@@ -125,3 +125,20 @@ def test_gpu_configs_leave_deepspeed_its_fused_adam(path):
     optimizer = json.loads(path.read_text())["optimizer"]
     assert optimizer["type"] in ("Adam", "AdamW") and not optimizer["params"].get("torch_adam", False)
     assert json.loads((ROOT / "ds_configs" / "debug_cpu.json").read_text())["optimizer"]["params"]["torch_adam"]
+
+
+def test_a_resume_on_another_number_of_processes_keeps_the_checkpoints_global_batch():
+    """16 rows a step, written on 2 processes (micro-batch 4 x accumulation 2): on 1 process the accumulation
+    doubles, with another micro-batch it is re-derived from that; a global batch that does not split is refused in
+    one line naming a micro-batch that would."""
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "train_batch_size": 16}
+    assert reader.keep_global_batch(config, 16, 2) is config  # the same layout: nothing to re-derive
+    one = reader.keep_global_batch(config, 16, 1, written_on=2)
+    assert (one["train_micro_batch_size_per_gpu"], one["gradient_accumulation_steps"]) == (4, 4)
+    assert "train_batch_size" not in one and config["train_batch_size"] == 16  # the caller's config is untouched
+    assert reader.read(one).rows_per_rank_step == 16
+    two = reader.keep_global_batch(config, 16, 1, micro_batch=8)
+    assert (two["train_micro_batch_size_per_gpu"], two["gradient_accumulation_steps"]) == (8, 2)
+    with pytest.raises(ConfigError, match="global batch of 16 rows does not split into micro-batches of 4 on 3 "
+                                          "processes; pass a --micro_batch that divides 5"):
+        reader.keep_global_batch(config, 16, 3)

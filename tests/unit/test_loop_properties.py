@@ -21,7 +21,7 @@ from helpers.fake_engine import EngineLog, FakeEngine, FakeFaults, Killed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adaptive_ds import data, distributed
+from adaptive_ds import data
 from adaptive_ds.data import embedded
 from adaptive_ds.training import loop, train
 from adaptive_ds.training.controller import TrainingStopped
@@ -53,9 +53,9 @@ def _train(argv: list[str], log: EngineLog, faults: FakeFaults, validations: lis
     """One run on the stand-in engine; `validations` receives the step of every validation it runs."""
     real_run = Validator.run
 
-    def counted(self, *args):
-        validations.append(distributed.progress.step)  # the step the loop is at
-        return real_run(self, *args)
+    def counted(self, engine, step, *args):
+        validations.append(step)
+        return real_run(self, engine, step, *args)
 
     with mock.patch.object(loop, "build_engine", partial(FakeEngine, log=log)), \
             mock.patch.object(Validator, "run", counted), \

@@ -1,13 +1,10 @@
 """Where a run without --output_dir lives: a directory a restart or requeue of the same job finds again."""
 
 import re
-from types import SimpleNamespace
 
 import pytest
 
 from adaptive_ds.training.output_dir import default_output_dir
-
-SETTINGS = SimpleNamespace(preset="debug", arch="moe")
 
 
 @pytest.mark.parametrize("environ, path", [
@@ -17,11 +14,11 @@ SETTINGS = SimpleNamespace(preset="debug", arch="moe")
     ({"TORCHELASTIC_RUN_ID": "../../etc/x y"}, "runs/debug-moe-.._.._etc_x_y"),  # a name, never a path
 ])
 def test_a_job_names_its_directory(environ, path):
-    assert default_output_dir(SETTINGS, environ) == path
+    assert default_output_dir("debug", "moe", environ) == path
 
 
 def test_without_a_job_each_start_makes_a_new_time_stamped_directory():
     for environ in ({}, {"TORCHELASTIC_RUN_ID": "none"}):  # torchrun's default id names nothing
-        assert re.fullmatch(r"runs/debug-moe-\d{8}-\d{6}", default_output_dir(SETTINGS, environ))
-    assert default_output_dir(SimpleNamespace(preset=None, arch="dense"), {"SLURM_JOB_ID": "1"}) == \
+        assert re.fullmatch(r"runs/debug-moe-\d{8}-\d{6}", default_output_dir("debug", "moe", environ))
+    assert default_output_dir(None, "dense", {"SLURM_JOB_ID": "1"}) == \
         "runs/pretrained-dense-slurm-1"

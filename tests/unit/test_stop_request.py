@@ -57,7 +57,6 @@ def test_without_an_output_dir_the_line_names_the_directory_the_run_chose(tmp_pa
     """A run without --output_dir makes a new time-stamped directory at each start, so "the same command" alone
     would start another run: the line names the directory to pass."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(distributed.progress, "rerun", distributed.progress.rerun)  # restored after the test
     config = write_ds_config(tmp_path, 4, 2, max_steps=10, warmup_steps=1, log_steps=5, data_workers=0, model=TINY)
     log = EngineLog()
     monkeypatch.setattr(loop, "build_engine", lambda *a, **k: FakeEngine(*a, **k, log=log))
@@ -106,7 +105,6 @@ def test_the_grace_period_runs_from_the_first_signal_any_rank_received(monkeypat
     """On a preemptible cluster the cloud signals the machine it takes, not rank 0's: the ranks that stop for another
     rank's signal must not find the grace period fresh. Here this process is rank 0 of two, never signalled, and its
     peer received the signal 40 s ago (the gathered ages stand in for the peer's answer)."""
-    from adaptive_ds import distributed
     from adaptive_ds.training import stop
 
     request = stop.StopRequest(grace_s=30)
@@ -122,7 +120,6 @@ def test_the_agreements_own_group_waits_no_longer_than_the_runs_collectives(monk
     a hung peer must fail it after the run's collective timeout, as it fails every other collective."""
     from datetime import timedelta
 
-    from adaptive_ds import distributed
     from adaptive_ds.training import stop
 
     made = []

@@ -1,6 +1,7 @@
 """DeepSpeed training checkpoints: periodic, atomic, verified, pruned; a corrupt one is set aside at resume.
 
-    manager.py   Checkpointer (should_save, save, restore, rollback_target), the collective save, load and resume
+    checkpointer.py  Checkpointer: the one owner of where a run resumes, when it saves, its rollbacks and its stop save
+    manager.py   the collective save, load and resume
     storage.py   the files: names, atomic writes, the manifest, pruning, setting a bad checkpoint aside
     identity.py  what a run is, so that only the run that wrote a checkpoint resumes it
     universal.py DeepSpeed's universal format, for a resume on another number of processes or ep_size (MoE too)
@@ -8,11 +9,12 @@
 
 Layout: OUTPUT_DIR/checkpoints/<tag>/ holds DeepSpeed's files (module, ZeRO optimizer shards, expert files,
 scheduler, loss scaler), each rank's RNG state and data position, the tokenizer, `manifest.json` (every other file's
-relative path, size and CRC-32) and `run.json` (the run's state); OUTPUT_DIR/checkpoints/latest names the newest
-complete checkpoint.
+relative path, size and CRC-32) and `run.json` (the states every rank shares); OUTPUT_DIR/checkpoints/latest names
+the newest complete checkpoint.
 """
 
 from ...ds_checkpoint import resolve_tag_dir
+from .checkpointer import Checkpointer, Resume
 from .identity import (
     LAYOUT_KEYS,
     changes_layout,
@@ -21,7 +23,7 @@ from .identity import (
     run_identity,
     with_new_model_fields,
 )
-from .manager import Checkpointer, load, restore, resume_candidate, save
+from .manager import load, restore, resume_candidate, save
 from .storage import (
     CHECKPOINTS,
     LATEST,
@@ -33,7 +35,7 @@ from .storage import (
     SavesFailedError,
     checkpoint_root,
     latest_tag,
-    read_data_state,
+    read_rank_state,
     read_run_state,
     write_json,
 )
@@ -42,7 +44,7 @@ from .universal import check_param_groups, universal_tag
 __all__ = [
     "CHECKPOINTS", "LATEST", "MANIFEST", "RUN_STATE", "LAYOUT_KEYS", "CheckpointError", "CheckpointLoadError",
     "CheckpointSaveError", "SavesFailedError", "Checkpointer", "changes_layout", "check_compatible",
-    "check_param_groups", "check_resumable", "checkpoint_root", "latest_tag", "load", "read_data_state",
-    "read_run_state", "resolve_tag_dir", "restore", "resume_candidate", "run_identity", "save", "universal_tag",
-    "with_new_model_fields", "write_json",
+    "check_param_groups", "check_resumable", "checkpoint_root", "latest_tag", "load", "read_rank_state",
+    "read_run_state", "Resume", "resolve_tag_dir", "restore", "resume_candidate", "run_identity", "save",
+    "universal_tag", "with_new_model_fields", "write_json",
 ]

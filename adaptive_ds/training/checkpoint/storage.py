@@ -94,9 +94,15 @@ def read_run_state(output_dir: str, tag: str) -> dict:
                               "remove it or point 'latest' at an earlier checkpoint") from None
 
 
-def read_data_state(output_dir: str, tag: str, rank: int) -> dict | None:
-    """Rank `rank`'s data position saved with checkpoint `tag` (None when its source needs none)."""
-    path = os.path.join(checkpoint_root(output_dir), tag, f"data_rank{rank}.json")
+def rank_state_file(name: str, rank: int) -> str:
+    """The file of a state each rank saves for itself (`data_rank0.json`: the data position)."""
+    return f"{name}_rank{rank}.json"
+
+
+def read_rank_state(output_dir: str, tag: str, name: str, rank: int) -> dict | None:
+    """Rank `rank`'s state `name` saved with checkpoint `tag` (None when it saved none: a source that needs no
+    position)."""
+    path = os.path.join(checkpoint_root(output_dir), tag, rank_state_file(name, rank))
     if not os.path.isfile(path):
         return None
     with open(path) as f:

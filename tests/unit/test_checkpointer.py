@@ -1,0 +1,134 @@
+"""The Checkpointer saves the union of any states and loads each its own part back, in the layout checkpoints have
+always had on disk (run.json: the trainer's and the metrics' keys at the top, the controller's under its name; the
+data position per rank), so that a checkpoint written before the states had names resumes. The collective save and
+load (checkpoint/manager.py) are stood in for: what is checked here is what reaches them and what comes back."""
+
+import json
+
+import pytest
+
+from adaptive_ds.training.checkpoint import Checkpointer, Resume, manager, storage
+
+# run.json and data_rank0.json as a checkpoint of step 4 holds them, as the trainer wrote them before its state
+# was split into named states (one dict with the controller's state inside, the data position beside it)
+RUN_JSON = {"step": 4, "data_steps": 5, "loss": 2.5, "identity": {"world_size": 1}, "micro_batch": None,
+            "stopped_early": False, "configured_rows_per_rank": 8,
+            "controller": {"knobs": {"micro_batch": 2}, "rollbacks": 1}}
+DATA_RANK0 = {"position": 17}
+
+
+class _State:
+    def __init__(self, state, log, name):
+        self.state, self.log, self.name = state, log, name
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        self.log.append((self.name, state))
+
+
+class _RollsBack(_State):
+    def rolled_back(self, state):
+        self.log.append((f"{self.name} rolled back", state))
+
+
+def _states(log):
+    trainer = {k: v for k, v in RUN_JSON.items() if k not in ("loss", "controller")}
+    return {"controller": _RollsBack(RUN_JSON["controller"], log, "controller"),
+            "data": _State(DATA_RANK0, log, "data"), "metrics": _State({"loss": 2.5}, log, "metrics"),
+            "trainer": _State(trainer, log, "trainer")}
+
+
+def _checkpointer(tmp_path, states, tag=None):
+    (tmp_path / "checkpoints").mkdir(exist_ok=True)
+    return Checkpointer(object(), states, Resume(str(tmp_path), tag, None, "rerun the same command"), {"run": 1},
+                        tokenizer=None, save_steps=2, keep_last=2, max_steps=10)
+
+
+def test_a_save_writes_the_states_in_the_layout_old_checkpoints_have(tmp_path, monkeypatch):
+    written = []
+    monkeypatch.setattr(manager, "save", lambda engine, output_dir, step, run_state, keep_last, tokenizer,
+                        rank_states, progress: written.append((step, run_state, rank_states)))
+    log = []
+    saver = _checkpointer(tmp_path, _states(log))
+    assert saver.maybe_save(4, healthy=True) and saver.last_saved == 4
+    assert written == [(4, RUN_JSON, {"data": DATA_RANK0})]
+    assert json.loads((tmp_path / "run_identity.json").read_text()) == {"run": 1}
+
+
+def test_a_resume_hands_each_state_its_part_in_order_and_a_new_state_its_own_key(tmp_path, monkeypatch):
+    where = tmp_path / "checkpoints" / "step00000004"
+    where.mkdir(parents=True)
+    (where / storage.rank_state_file("data", 0)).write_text(json.dumps(DATA_RANK0))
+    monkeypatch.setattr(manager, "restore", lambda engine, output_dir, tag, identity: {**RUN_JSON, "extra": [1]})
+    log = []
+    states = {**_states(log), "extra": _State(None, log, "extra")}
+    assert _checkpointer(tmp_path, states, tag="step00000004").restore() == 4
+    assert [name for name, _ in log] == ["controller", "data", "metrics", "trainer", "extra"]
+    parts = dict(log)
+    assert parts["controller"] == RUN_JSON["controller"] and parts["data"] == DATA_RANK0 and parts["extra"] == [1]
+    assert parts["trainer"]["step"] == 4 and parts["metrics"]["loss"] == 2.5
+
+
+def test_a_rollback_loads_the_engine_and_tells_only_the_states_that_roll_back(tmp_path, monkeypatch):
+    restored = []
+    monkeypatch.setattr(manager, "restore", lambda engine, output_dir, tag, identity: restored.append(tag) or RUN_JSON)
+    log = []
+    saver = _checkpointer(tmp_path, _states(log))
+    assert saver.roll_back() is None and restored == []  # no checkpoint yet: the caller stops the run
+    storage.write_atomic(str(tmp_path / "checkpoints" / storage.LATEST), "step00000004")
+    saver.pending = True  # a save owed by the steps the rollback undoes
+    assert saver.roll_back() == 4 and restored == ["step00000004"] and not saver.pending
+    assert log == [("controller rolled back", RUN_JSON["controller"])]
+
+
+@pytest.mark.parametrize("healthy_at_2, saved", [(True, [2]), (False, [3])])
+def test_a_boundary_met_with_unhealthy_weights_is_saved_at_the_first_healthy_step(tmp_path, monkeypatch,
+                                                                                  healthy_at_2, saved):
+    written = []
+    monkeypatch.setattr(manager, "save", lambda engine, output_dir, step, *args, **kwargs: written.append(step))
+    saver = _checkpointer(tmp_path, _states([]))
+    for step in (1, 2, 3):
+        saver.maybe_save(step, healthy=healthy_at_2 or step != 2)
+    assert written == saved
+
+
+IDENTITY = {"preset": "debug", "arch": "dense", "world_size": 1, "rows_per_step": 8, "model": {"hidden_size": 32}}
+
+
+def test_open_says_where_a_run_starts_and_refuses_a_directory_that_is_not_its_own(tmp_path, monkeypatch):
+    from adaptive_ds import distributed
+    from adaptive_ds.training.arguments import ConfigError
+    from adaptive_ds.training.stop import Progress
+
+    distributed.init_distributed()
+    progress = Progress()
+    new = Checkpointer.open(str(tmp_path / "new"), IDENTITY, progress=progress)
+    assert (new.output_dir, new.tag, new.saved) == (str(tmp_path / "new"), None, None) and (tmp_path / "new").is_dir()
+    assert progress.rerun == "rerun the same command" and progress.checkpoint is None
+    # this run's own files from an attempt killed before its first checkpoint (on another number of processes):
+    # it starts over there
+    (tmp_path / "new" / "metrics.jsonl").write_text("")
+    (tmp_path / "new" / "run_identity.json").write_text(json.dumps({**IDENTITY, "world_size": 2}))
+    assert Checkpointer.open(str(tmp_path / "new"), IDENTITY).tag is None
+    (tmp_path / "new" / "run_identity.json").write_text(json.dumps({**IDENTITY, "arch": "moe"}))
+    with pytest.raises(ConfigError, match="holds another run's files but no checkpoint"):
+        Checkpointer.open(str(tmp_path / "new"), IDENTITY)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"holds files of something else \(notes.txt\) but no checkpoint"):
+        Checkpointer.open(str(tmp_path / "other"), IDENTITY)
+    (tmp_path / "saved" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "saved" / "checkpoints" / "latest").write_text("step00000002")
+    with pytest.raises(ConfigError, match="holds checkpoint step00000002; pass --resume auto"):
+        Checkpointer.open(str(tmp_path / "saved"), IDENTITY, resume="never")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is a file"):
+        Checkpointer.open(str(tmp_path / "file"), IDENTITY)
+    # without --output_dir: the job's directory, which the line to continue must name
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    chosen = Checkpointer.open(None, IDENTITY, progress=progress)
+    assert chosen.output_dir == "runs/debug-dense-slurm-7"
+    assert progress.rerun == "rerun the same command with --output_dir runs/debug-dense-slurm-7" == chosen.rerun
