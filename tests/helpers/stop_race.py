@@ -42,13 +42,13 @@ def _stop_a_worker() -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # pending: blocked in every thread
 
 
-def _sigterm_first(argv, process_started, hooks) -> None:
+def _sigterm_first(argv, process_started, hooks, progress) -> None:
     _stop_a_worker()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     raise AssertionError("the signals did not stop the run")
 
 
-def _worker_first(argv, process_started, hooks) -> None:
+def _worker_first(argv, process_started, hooks, progress) -> None:
     _stop_a_worker()
     lost_contact = distributed.lost_contact
 
