@@ -48,3 +48,14 @@ def write_format(tmp_path, fmt: str) -> str:
         path = tmp_path / "corpus.txt"
         path.write_text("\n".join(FORMAT_DOCS) + "\n")
     return str(path)
+
+
+def streamed_format_docs(path, **kwargs):
+    """StreamingData over the FORMAT_DOCS files written under `path` (a BPE tokenizer of 400 tokens trained on them,
+    blocks of 16, seed 3, a 20% validation share), in windows of 7 documents read in-process; `kwargs` override."""
+    from adaptive_ds.data.streaming import StreamingData
+    from adaptive_ds.data.text import train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(iter(FORMAT_DOCS), vocab_size=400)
+    return StreamingData(path, tok, 16, seed=3, text_field="text", hub_config=None, validation_share=0.2,
+                         **{"window_docs": 7, "workers": 0, **kwargs})

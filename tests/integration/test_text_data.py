@@ -4,18 +4,9 @@ that seeks, training on local C4 shards, and token budgets."""
 import json
 
 import pytest
-from helpers.corpora import FORMAT_DOCS, write_format
+from helpers.corpora import streamed_format_docs, write_format
 
-from adaptive_ds.data.text import train_bpe_tokenizer
 from adaptive_ds.training import train
-
-
-def _streamed(path, **kwargs):
-    from adaptive_ds.data.streaming import StreamingData
-
-    tok = train_bpe_tokenizer(iter(FORMAT_DOCS), vocab_size=400)
-    return StreamingData(path, tok, 16, seed=3, text_field="text", hub_config=None, validation_share=0.2,
-                         **{"window_docs": 7, "workers": 0, **kwargs})
 
 
 def _rows(batches, steps):
@@ -25,23 +16,23 @@ def _rows(batches, steps):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_windows_are_shuffled_and_the_same_with_any_number_of_workers(tmp_path, workers):
     path = write_format(tmp_path, "c4")
-    reference = _rows(_streamed(path).step_batches(0, 4), 12)
-    assert _rows(_streamed(path, workers=workers).step_batches(0, 4), 12) == reference
-    unshuffled = _streamed(path, window_docs=1)  # one document per window: the source's order
+    reference = _rows(streamed_format_docs(path).step_batches(0, 4), 12)
+    assert _rows(streamed_format_docs(path, workers=workers).step_batches(0, 4), 12) == reference
+    unshuffled = streamed_format_docs(path, window_docs=1)  # one document per window: the source's order
     assert _rows(unshuffled.step_batches(0, 4), 12) != reference
 
 
 def test_a_resume_seeks_to_the_saved_position_and_continues_exactly(tmp_path):
     path = write_format(tmp_path, "c4")
-    reference = _rows(_streamed(path).step_batches(0, 4), 20)  # past the end of the first epoch
-    first = _streamed(path, workers=1)
+    reference = _rows(streamed_format_docs(path).step_batches(0, 4), 20)  # past the end of the first epoch
+    first = streamed_format_docs(path, workers=1)
     batches = first.step_batches(0, 4)
     assert _rows(batches, 13) == reference[:52]
     state = json.loads(json.dumps(first.state_dict()))  # as saved in the checkpoint
-    resumed = _streamed(path, workers=2)
+    resumed = streamed_format_docs(path, workers=2)
     resumed.load_state_dict(state)
     assert _rows(resumed.step_batches(13, 4), 7) == reference[52:]
-    moved = _streamed(path)
+    moved = streamed_format_docs(path)
     moved.load_state_dict(state)
     with pytest.raises(ValueError, match="resumes only on its own number of processes"):
         next(moved.step_batches(13, 4, 0, 2))

@@ -7,7 +7,7 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers.corpora import FORMAT_DOCS, write_format
+from helpers.corpora import FORMAT_DOCS, streamed_format_docs, write_format
 
 from adaptive_ds.data.text import is_validation, open_documents, train_bpe_tokenizer
 
@@ -45,14 +45,6 @@ def test_bpe_tokenizer_is_trained_offline_and_round_trips():
         assert tok.decode(tok(d).input_ids) == d
 
 
-def _streamed(path, **kwargs):
-    from adaptive_ds.data.streaming import StreamingData
-
-    tok = train_bpe_tokenizer(iter(FORMAT_DOCS), vocab_size=400)
-    return StreamingData(path, tok, 16, seed=3, text_field="text", hub_config=None, validation_share=0.2,
-                         **{"window_docs": 7, "workers": 0, **kwargs})
-
-
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_one_epoch_reads_every_training_document_exactly_once(tmp_path, world_size):
     from adaptive_ds.data.streaming import _Windows
@@ -60,7 +52,7 @@ def test_one_epoch_reads_every_training_document_exactly_once(tmp_path, world_si
     # Four files: dealt whole to the ranks by split_dataset_by_node, so each rank reads only its own files.
     for part in range(4):
         _write_part(tmp_path / f"part{part}.jsonl", FORMAT_DOCS[part::4])
-    data = _streamed(str(tmp_path))
+    data = streamed_format_docs(str(tmp_path))
     start = {"epoch": 0, "window": 0, "stream_state": None}
     texts = []
     for rank in range(world_size):
