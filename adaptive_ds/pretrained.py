@@ -54,7 +54,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, PreTrainedConfig
 
-from .models import AdaptiveDSConfig
+from .models import ARCH_SPECS, AdaptiveDSConfig, architecture_spec
 from .models.families import FAMILIES, Family, family_of, supported
 from .models.upcycling import SHAPE_FIELDS, fixed_fields, initial_tensors, starts, upcycled_settings, upcycling_problems
 from .models.upcycling import STRUCTURAL_FIELDS as STRUCTURAL_FIELDS  # what the planner carries into its plan
@@ -193,8 +193,11 @@ class Source:
         """Whether the folder can start `arch` with the `--model` overrides, one line each."""
         found = []
         if not starts(self.arch, arch):
+            started = [name for name in ARCH_SPECS if starts(self.arch, name)]
+            own_mlp = (f"; --arch {arch} has an MLP of its own, which a {self.arch} model has no weights for"
+                       if arch in ARCH_SPECS and architecture_spec(arch).mlp is not None else "")
             found.append(f"init_from {self.name!r} is a {self.arch} model ({self.family.class_name}); it starts "
-                         f"--arch {self.arch} only (a dense model starts any architecture)")
+                         f"--arch {', '.join(started)}{' only' if len(started) == 1 else ''}{own_mlp}")
         named = [k for k in fixed_fields(self.arch) if k in overrides]
         if named:
             found.append(f"--model sets {', '.join(named)}, which init_from {self.name!r} fixes (the model's shape "

@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers.pretrained_folders import llama_folder, perturbed
 from safetensors.torch import load_file
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -21,7 +22,16 @@ from adaptive_ds.export.convert import convert
 from adaptive_ds.export.final import model_source_files
 from adaptive_ds.models import ARCHITECTURES, AdaptiveDSConfig, AdaptiveDSForCausalLM
 from adaptive_ds.models.families import ADAPTIVE_DS, FAMILIES, LLAMA, MIXTRAL, exportable, family_of, register_family
-from adaptive_ds.models.upcycling import copies_experts, fixed_fields, initial_tensors, starts, upcycled_settings
+from adaptive_ds.models.spec import ARCH_SPECS, ArchitectureSpec, register_architecture
+from adaptive_ds.models.upcycling import (
+    STRUCTURAL_FIELDS,
+    copies_experts,
+    fixed_fields,
+    initial_tensors,
+    starts,
+    upcycled_settings,
+    upcycles,
+)
 from adaptive_ds.pretrained import Source
 
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -183,3 +193,35 @@ def test_the_upcycling_rules_name_which_source_starts_which_architecture():
     assert [arch for arch in ARCHITECTURES if copies_experts("dense", arch)] == ["moe", "hybrid"]
     assert not copies_experts("moe", "moe")
     assert "moe_expert_granularity" in fixed_fields("moe") and "moe_expert_granularity" not in fixed_fields("dense")
+
+
+class GELUMLP(nn.Module):
+    """An MLP of its own (no gate_proj): what a Llama's SwiGLU weights cannot start."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden_states):
+        return self.down_proj(nn.functional.gelu(self.up_proj(hidden_states)))
+
+
+@pytest.fixture
+def own_mlp():
+    """An architecture registered with an MLP of its own for the test's length (its name)."""
+    yield register_architecture(ArchitectureSpec("gelu", mlp=GELUMLP)).name
+    ARCH_SPECS.pop("gelu")
+
+
+def test_an_architecture_with_its_own_mlp_is_started_by_no_plain_source(tmp_path, own_mlp):
+    # the rules agree: a dense model starts the SwiGLU architectures only, and upcycles into none of its own MLP
+    assert not starts("dense", own_mlp) and not upcycles("dense", own_mlp) and not copies_experts("dense", own_mlp)
+    assert upcycled_settings("dense", own_mlp, {"num_experts_per_tok": 1}) == {}
+    assert starts(own_mlp, own_mlp) and fixed_fields(own_mlp) == STRUCTURAL_FIELDS
+    assert not starts(own_mlp, "dense")
+    folder = llama_folder(tmp_path / "llama")
+    source = Source.open(str(folder))
+    assert source.problems(own_mlp, {}, None) == [
+        f"init_from {str(folder)!r} is a dense model (LlamaForCausalLM); it starts --arch dense, moe, mod, hybrid; "
+        f"--arch gelu has an MLP of its own, which a dense model has no weights for"]
