@@ -6,10 +6,12 @@ outside is one `--init_from` and `--to` take without a change to pretrained.py o
 import ast
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.common import tiny_config
 from helpers.pretrained_folders import llama_folder, perturbed
 from safetensors.torch import load_file
 from torch import nn
@@ -214,7 +216,7 @@ def own_mlp():
     ARCH_SPECS.pop("gelu")
 
 
-def test_an_architecture_with_its_own_mlp_is_started_by_no_plain_source(tmp_path, own_mlp):
+def test_an_architecture_with_its_own_mlp_is_started_by_no_plain_source_and_exports_to_no_llama(tmp_path, own_mlp):
     # the rules agree: a dense model starts the SwiGLU architectures only, and upcycles into none of its own MLP
     assert not starts("dense", own_mlp) and not upcycles("dense", own_mlp) and not copies_experts("dense", own_mlp)
     assert upcycled_settings("dense", own_mlp, {"num_experts_per_tok": 1}) == {}
@@ -225,3 +227,9 @@ def test_an_architecture_with_its_own_mlp_is_started_by_no_plain_source(tmp_path
     assert source.problems(own_mlp, {}, None) == [
         f"init_from {str(folder)!r} is a dense model (LlamaForCausalLM); it starts --arch dense, moe, mod, hybrid; "
         f"--arch gelu has an MLP of its own, which a dense model has no weights for"]
+    model = AdaptiveDSForCausalLM(tiny_config(own_mlp))  # exporting it: refused in one line, not a load error
+    for model_type, reason in (("llama", "arch is 'gelu': its MLP is its own, not a Llama's SwiGLU"),
+                               ("mixtral", "arch is 'gelu', not 'moe'")):
+        with pytest.raises(ValueError, match=re.escape(reason)) as refused:
+            convert(model, model_type)
+        assert "\n" not in str(refused.value)
