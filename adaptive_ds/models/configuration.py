@@ -247,6 +247,12 @@ class AdaptiveDSConfig(PreTrainedConfig):
         return spec is not None and spec.mod
 
     @property
+    def num_moe_layers(self) -> int:
+        """How many of its layers hold experts (0: none): what the expert options (their number, their split, expert
+        parallelism) apply to."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+
+    @property
     def expert_parallel_size(self) -> int:
         """The processes one MoE layer's experts are split over: `moe_ep_size`, or 1 without experts."""
         return self.moe_ep_size if self.uses_moe else 1

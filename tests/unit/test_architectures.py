@@ -125,3 +125,12 @@ def test_an_architecture_with_its_own_mlp_builds_it_and_counts_it(registered):
     assert parameter_counts(config).total == sum(p.numel() for p in model.parameters())
     assert model.default_knobs() == {"aux_coef": None, "mod_capacity": None} and config.zero3_problem is None
     assert type(AdaptiveDSForCausalLM(tiny_config("dense")).model.layers[0].mlp) is SwiGLU
+
+
+@pytest.mark.parametrize(("arch", "overrides", "layers"), [
+    ("dense", {}, 0), ("mod", {}, 0), ("moe", {}, 4), ("moe", {"moe_layer_interval": 2}, 2), ("hybrid", {}, 4)])
+def test_num_moe_layers_counts_the_layers_that_hold_experts(arch, overrides, layers):
+    config = tiny_config(arch, num_hidden_layers=4, **overrides)
+    model = AdaptiveDSForCausalLM(config)
+    assert config.num_moe_layers == layers == sum(
+        any(".experts." in name for name, _ in layer.named_parameters()) for layer in model.model.layers)
