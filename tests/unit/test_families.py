@@ -3,7 +3,6 @@ architecture it imports as, an unknown one is refused in one line naming the sup
 weights map to ours and back to the stock model's state dict tensor for tensor, and a family registered from
 outside is one `--init_from` and `--to` take without a change to pretrained.py or export/convert.py."""
 
-import ast
 import dataclasses
 import json
 import re
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.architecture_branches import architecture_branches
 from helpers.common import tiny_config
 from helpers.pretrained_folders import llama_folder, perturbed
 from safetensors.torch import load_file
@@ -157,36 +157,15 @@ def test_the_standalone_model_code_does_not_carry_the_registry():
     assert {Path(path).name for path in model_source_files()} >= {"modeling.py", "configuration.py"}
 
 
-def _branches(source: str) -> list[str]:
-    """Each place `source` tells architectures or families apart by name: a comparison (==, !=, in) with an
-    architecture's or a registered family's name, a dict keyed by one, or a `uses_moe` / `uses_mod` question."""
-    names = {*ARCHITECTURES, *FAMILIES}
-
-    def named(node) -> bool:
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            return any(named(element) for element in node.elts)
-        return isinstance(node, ast.Constant) and node.value in names
-
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare) and any(named(side) for side in (node.left, *node.comparators)):
-            found.append(ast.unparse(node))
-        elif isinstance(node, ast.Dict) and any(key is not None and named(key) for key in node.keys):
-            found.append(ast.unparse(node))
-        elif isinstance(node, ast.Attribute) and node.attr in ("uses_moe", "uses_mod"):
-            found.append(ast.unparse(node))
-    return found
-
-
 def test_init_from_and_the_export_tell_no_architecture_or_family_apart_by_name():
     """pretrained.py and export/ ask the registry (and the upcycling rules); a family added in models/ needs no
-    branch there."""
-    assert sorted(_branches('if a.arch != "dense" and b in ("moe", "hybrid") or c.uses_mod: {"llama": 1}.get(k)')) \
-        == ["a.arch != 'dense'", "b in ('moe', 'hybrid')", "c.uses_mod", "{'llama': 1}"]
-    assert _branches('if kind == AdaptiveDSConfig.model_type and x == "dense model": pass') == []
+    branch there (the detector knows the families' names beside the architectures')."""
+    assert [what for _, what, _ in architecture_branches('if kind == "mixtral" or {"llama": 1}.get(kind): pass')] \
+        == ["compares with mixtral", "looks up a table keyed by names"]
+    assert architecture_branches('if kind == AdaptiveDSConfig.model_type and x == "dense model": pass') == []
     package = Path(pretrained.__file__).parent
     files = [package / "pretrained.py", *sorted((package / "export").glob("*.py"))]
-    assert {path: _branches(path.read_text()) for path in files} == dict.fromkeys(files, [])
+    assert {path: architecture_branches(path.read_text()) for path in files} == dict.fromkeys(files, [])
 
 
 def test_the_upcycling_rules_name_which_source_starts_which_architecture():
