@@ -57,7 +57,6 @@ from transformers import AutoTokenizer, PreTrainedConfig
 from .models import ARCH_SPECS, AdaptiveDSConfig, architecture_spec
 from .models.families import FAMILIES, Family, family_of, supported
 from .models.upcycling import SHAPE_FIELDS, fixed_fields, initial_tensors, starts, upcycled_settings, upcycling_problems
-from .models.upcycling import STRUCTURAL_FIELDS as STRUCTURAL_FIELDS  # what the planner carries into its plan
 from .presets import NO_PRESET_SEQ_LEN, PRESETS, VARIANTS, pad_vocab
 
 logger = logging.getLogger(__name__)
