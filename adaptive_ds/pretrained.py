@@ -132,7 +132,7 @@ class Source:
     name: str  # as given: a folder or a Hub id
     folder: str
     config: PreTrainedConfig
-    kind: str  # its config's model_type: a key of models.families.FAMILIES
+    model_type: str  # its config's model_type: a key of models.families.FAMILIES
 
     @classmethod
     def open(cls, name: str, weights: bool = True) -> Source:
@@ -143,22 +143,22 @@ class Source:
             raise ValueError(f"init_from {name!r} holds no config.json; pass a Hugging Face model folder")
         with open(os.path.join(folder, "config.json")) as f:
             try:
-                kind = json.load(f).get("model_type")
+                model_type = json.load(f).get("model_type")
             except (json.JSONDecodeError, AttributeError):
                 raise ValueError(f"init_from {name!r}: config.json is not a JSON object") from None
-        if kind not in FAMILIES:
-            raise ValueError(f"init_from {name!r} is a {kind!r} model; supported model types: {supported()}")
+        if model_type not in FAMILIES:
+            raise ValueError(f"init_from {name!r} is a {model_type!r} model; supported model types: {supported()}")
         try:
-            config = FAMILIES[kind].config_class.from_pretrained(folder)
+            config = FAMILIES[model_type].config_class.from_pretrained(folder)
         except (ValueError, TypeError, OSError) as error:
             raise ValueError(f"init_from {name!r}: its config.json does not load ({type(error).__name__}: "
                              f"{str(error).splitlines()[0] if str(error) else ''})") from None
-        return cls(name, folder, config, kind)
+        return cls(name, folder, config, model_type)
 
     # what the folder holds
     @property
     def family(self) -> Family:
-        return family_of(self.kind)
+        return family_of(self.model_type)
 
     @property
     def arch(self) -> str:
