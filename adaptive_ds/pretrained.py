@@ -54,10 +54,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, PreTrainedConfig
 
-from .models import AdaptiveDSConfig
+from .models import ARCH_SPECS, AdaptiveDSConfig, architecture_spec
 from .models.families import FAMILIES, Family, family_of, supported
 from .models.upcycling import SHAPE_FIELDS, fixed_fields, initial_tensors, starts, upcycled_settings, upcycling_problems
-from .models.upcycling import STRUCTURAL_FIELDS as STRUCTURAL_FIELDS  # what the planner carries into its plan
 from .presets import NO_PRESET_SEQ_LEN, PRESETS, VARIANTS, pad_vocab
 
 logger = logging.getLogger(__name__)
@@ -133,7 +132,7 @@ class Source:
     name: str  # as given: a folder or a Hub id
     folder: str
     config: PreTrainedConfig
-    kind: str  # its config's model_type: a key of models.families.FAMILIES
+    model_type: str  # its config's model_type: a key of models.families.FAMILIES
 
     @classmethod
     def open(cls, name: str, weights: bool = True) -> Source:
@@ -144,22 +143,22 @@ class Source:
             raise ValueError(f"init_from {name!r} holds no config.json; pass a Hugging Face model folder")
         with open(os.path.join(folder, "config.json")) as f:
             try:
-                kind = json.load(f).get("model_type")
+                model_type = json.load(f).get("model_type")
             except (json.JSONDecodeError, AttributeError):
                 raise ValueError(f"init_from {name!r}: config.json is not a JSON object") from None
-        if kind not in FAMILIES:
-            raise ValueError(f"init_from {name!r} is a {kind!r} model; supported model types: {supported()}")
+        if model_type not in FAMILIES:
+            raise ValueError(f"init_from {name!r} is a {model_type!r} model; supported model types: {supported()}")
         try:
-            config = FAMILIES[kind].config_class.from_pretrained(folder)
+            config = FAMILIES[model_type].config_class.from_pretrained(folder)
         except (ValueError, TypeError, OSError) as error:
             raise ValueError(f"init_from {name!r}: its config.json does not load ({type(error).__name__}: "
                              f"{str(error).splitlines()[0] if str(error) else ''})") from None
-        return cls(name, folder, config, kind)
+        return cls(name, folder, config, model_type)
 
     # what the folder holds
     @property
     def family(self) -> Family:
-        return family_of(self.kind)
+        return family_of(self.model_type)
 
     @property
     def arch(self) -> str:
@@ -193,8 +192,11 @@ class Source:
         """Whether the folder can start `arch` with the `--model` overrides, one line each."""
         found = []
         if not starts(self.arch, arch):
+            started = [name for name in ARCH_SPECS if starts(self.arch, name)]
+            own_mlp = (f"; --arch {arch} has an MLP of its own, which a {self.arch} model has no weights for"
+                       if arch in ARCH_SPECS and architecture_spec(arch).mlp is not None else "")
             found.append(f"init_from {self.name!r} is a {self.arch} model ({self.family.class_name}); it starts "
-                         f"--arch {self.arch} only (a dense model starts any architecture)")
+                         f"--arch {', '.join(started)}{' only' if len(started) == 1 else ''}{own_mlp}")
         named = [k for k in fixed_fields(self.arch) if k in overrides]
         if named:
             found.append(f"--model sets {', '.join(named)}, which init_from {self.name!r} fixes (the model's shape "

@@ -30,12 +30,9 @@ from transformers import AutoTokenizer
 from ..ds_checkpoint import CheckpointError, load_checkpoint
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 from ..models.families import FAMILIES, exportable
-from ..models.families.llama import llama_incompatibility, to_llama
-from ..models.families.mixtral import mixtral_incompatibility, to_mixtral
 from .final import save_with_code
 
-# the conversions by name, as callers and the tests import them (the registry's families' own functions)
-__all__ = ["convert", "llama_incompatibility", "load_any", "main", "mixtral_incompatibility", "to_llama", "to_mixtral"]
+__all__ = ["convert", "load_any", "main"]
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .configuration import ARCHITECTURES, AdaptiveDSConfig
+from .configuration import AdaptiveDSConfig
 from .modeling import (
     AdaptiveDSCausalLMOutput,
     AdaptiveDSForCausalLM,
@@ -15,6 +15,15 @@ from .spec import ARCH_SPECS, ArchitectureSpec, architecture_spec, register_arch
 AutoConfig.register(AdaptiveDSConfig.model_type, AdaptiveDSConfig, exist_ok=True)
 AutoModel.register(AdaptiveDSConfig, AdaptiveDSModel, exist_ok=True)
 AutoModelForCausalLM.register(AdaptiveDSConfig, AdaptiveDSForCausalLM, exist_ok=True)
+
+
+def __getattr__(name: str):
+    """`ARCHITECTURES`: the registered architectures' names, in the order of the tables, read from the registry when
+    asked (a tuple made at import would miss an architecture registered after it)."""
+    if name == "ARCHITECTURES":
+        return tuple(ARCH_SPECS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ARCHITECTURES",

@@ -7,20 +7,16 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedConfig
 
-from .architectures import ARCH_SPECS, ArchitectureSpec
+from .architectures import ARCH_SPECS, ArchitectureSpec, architecture_spec
 from .defaults import ARCHITECTURE_DEFAULTS, CONFIG_VERSION, REMOVED_FIELDS, UNVERSIONED_DEFAULTS
 
-# The registered architectures (architectures.py), in the order of the tables
-ARCHITECTURES = tuple(ARCH_SPECS)
+# (The registered architectures are read from ARCH_SPECS where they are asked, so that one registered later counts.)
 MOD_CAUSAL_ROUTINGS = ("router", "predictor")
 POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "max_position_embeddings", "num_local_experts", "num_experts_per_tok",
                   "moe_ep_size", "moe_layer_interval", "moe_expert_granularity", "mod_layer_interval",
                   "mod_predictor_hidden_size")
 MOE_BALANCING = ("aux_loss", "bias")
-# The architectures with experts and with MoD routing (presets.py names the fields only they read)
-MOE_ARCHITECTURES = tuple(name for name, spec in ARCH_SPECS.items() if spec.moe)
-MOD_ARCHITECTURES = tuple(name for name, spec in ARCH_SPECS.items() if spec.mod)
 
 
 @dataclass(repr=False)
@@ -233,8 +229,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
 
     @property
     def arch_spec(self) -> ArchitectureSpec:
-        """What the trainer and the tools ask of this architecture (spec.py)."""
-        return ARCH_SPECS[self.arch]
+        """What the trainer and the tools ask of this architecture (spec.py); ValueError in one line for an unknown
+        arch."""
+        return architecture_spec(self.arch)
 
     @property
     def uses_moe(self) -> bool:
@@ -245,6 +242,12 @@ class AdaptiveDSConfig(PreTrainedConfig):
     def uses_mod(self) -> bool:
         spec = ARCH_SPECS.get(self.arch)
         return spec is not None and spec.mod
+
+    @property
+    def num_moe_layers(self) -> int:
+        """How many of its layers hold experts (0: none): what the expert options (their number, their split, expert
+        parallelism) apply to."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
 
     @property
     def expert_parallel_size(self) -> int:

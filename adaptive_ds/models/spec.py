@@ -9,6 +9,8 @@ or its spec (torchtitan's `TrainSpec` plays this part there):
 - `unrouted`: the architecture of the same weights with every block run on every token, against which a MoD
   model's FLOPs reduction is measured (`AdaptiveDSConfig.unrouted`);
 - `zero3_problem`: why it does not train under ZeRO-3, or None where it does (`AdaptiveDSConfig.zero3_problem`);
+- `plain`: whether it is the plain decoder (SwiGLU MLPs, no experts, every block on every token), which starts any
+  architecture that keeps SwiGLU MLPs (models/upcycling.py) and is what a stock Llama is;
 - `upcycles_into`: whether its MLPs may be copied into another's experts (sparse upcycling).
 
 The model answers the rest at run time (modeling.py): its default and applied knobs (`default_knobs`,
@@ -47,10 +49,16 @@ class ArchitectureSpec:
     # why its training does not run under DeepSpeed's ZeRO stage 3, one clause (None: it does)
     zero3_problem: str | None = None
 
+    @property
+    def plain(self) -> bool:
+        """The plain decoder: attention + SwiGLU MLP in every block, every block on every token (a stock Llama).
+        The one rule of which architecture starts another (models/upcycling.py) and exports as a Llama."""
+        return not self.moe and not self.mod and self.mlp is None
+
     def upcycles_into(self, target: ArchitectureSpec) -> bool:
         """Whether a model of this architecture can start `target`'s experts (sparse upcycling, Komatsuzaki et al.
         2022, arXiv 2212.05055): a plain SwiGLU model, every block on every token, into one with experts."""
-        return not self.moe and not self.mod and self.mlp is None and target.moe
+        return self.plain and target.moe
 
 
 ARCH_SPECS: dict[str, ArchitectureSpec] = {}

@@ -2,9 +2,9 @@
 upcycled to MoE, MoD or the hybrid, and the rules of which source starts which architecture.
 
 A source is read by our tensor names for its architecture (a family's `reader` maps a stock folder's names to ours,
-models/families/). A model of the source's architecture takes every tensor by its name; a dense source starts any
-architecture (`starts`), upcycled as below, with the settings that keep its first forward pass the dense model's
-(`upcycled_settings`).
+models/families/). A model of the source's architecture takes every tensor by its name; a plain source
+(`ArchitectureSpec.plain`: dense) starts any architecture whose MLPs are SwiGLU (`starts`), upcycled as below, with
+the settings that keep its first forward pass the dense model's (`upcycled_settings`).
 
 Sparse upcycling (Komatsuzaki et al. 2022, arXiv 2212.05055): every expert of an MoE layer starts as a copy of the
 dense MLP it replaces, so that the first forward pass is the dense model's:
@@ -42,13 +42,12 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .configuration import MOD_ARCHITECTURES, MOE_ARCHITECTURES, AdaptiveDSConfig
+from .configuration import AdaptiveDSConfig
 from .spec import architecture_spec
 
 # Reads a tensor of the source by its name there; `index` selects one entry of its first dimension (a stacked expert).
 Reader = Callable[..., torch.Tensor]
 
-UPCYCLED_FROM = "dense"  # the architecture that starts every other one
 SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 # Fields a folder of our own fixes: they change which tensors the model holds (or, for a dense source, are its shape)
 STRUCTURAL_FIELDS = (*SHAPE_FIELDS, "vocab_size", "num_local_experts", "num_experts_per_tok", "moe_layer_interval",
@@ -62,13 +61,15 @@ _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def starts(source_arch: str, arch: str) -> bool:
-    """Whether a model of `source_arch` starts a model of `arch`: its own architecture, or any from a dense one."""
-    return arch == source_arch or source_arch == UPCYCLED_FROM
+    """Whether a model of `source_arch` starts a model of `arch`: its own architecture, or, from a plain one (dense),
+    any whose MLPs are SwiGLU (an architecture with an MLP of its own has no weights for it in a plain model). The
+    specs decide (`ArchitectureSpec.plain`), as for every rule here."""
+    return arch == source_arch or upcycles(source_arch, arch)
 
 
 def upcycles(source_arch: str, arch: str) -> bool:
-    """Whether starting `arch` from `source_arch` is an upcycling (a dense model to another architecture)."""
-    return source_arch == UPCYCLED_FROM and arch != UPCYCLED_FROM
+    """Whether starting `arch` from `source_arch` is an upcycling (a plain model to another SwiGLU architecture)."""
+    return arch != source_arch and architecture_spec(source_arch).plain and architecture_spec(arch).mlp is None
 
 
 def copies_experts(source_arch: str, arch: str) -> bool:
@@ -78,9 +79,9 @@ def copies_experts(source_arch: str, arch: str) -> bool:
 
 
 def fixed_fields(source_arch: str) -> tuple[str, ...]:
-    """The config fields a source of `source_arch` fixes (a run may not set them): a dense model's shape, vocabulary
+    """The config fields a source of `source_arch` fixes (a run may not set them): a plain model's shape, vocabulary
     and embedding tying; any other's every field that changes which tensors the model holds."""
-    if source_arch == UPCYCLED_FROM:
+    if architecture_spec(source_arch).plain:
         return (*SHAPE_FIELDS, "vocab_size", "tie_word_embeddings")
     return STRUCTURAL_FIELDS
 
@@ -100,9 +101,9 @@ def upcycled_settings(source_arch: str, arch: str, settings: dict) -> dict:
     routing renormalised over its one choice (identical experts then give the dense output)."""
     if not upcycles(source_arch, arch):
         return {}
+    spec = architecture_spec(arch)
     top_1 = settings["num_experts_per_tok"] * settings.get("moe_expert_granularity", 1) == 1
-    return {"mod_straight_through": arch in MOD_ARCHITECTURES,
-            "moe_renormalize_top1": arch in MOE_ARCHITECTURES and top_1}
+    return {"mod_straight_through": spec.mod, "moe_renormalize_top1": spec.moe and top_1}
 
 
 def initial_tensors(model: torch.nn.Module, source_arch: str, read: Reader, ep_rank: int = 0,

@@ -47,11 +47,13 @@ import torch
 
 from .. import distributed
 from ..data import build_training_data
-from ..export.convert import load_any, to_llama, to_mixtral
+from ..export.convert import load_any
 from ..flops import training_flops_per_token
 from ..hardware import DEVICES, detect_device
 from ..markdown_sections import replace_section
 from ..models import AdaptiveDSForCausalLM
+from ..models.families.llama import to_llama
+from ..models.families.mixtral import to_mixtral
 from ..presets import PRESETS, VARIANTS, model_config
 from ..training import moe_adapter
 from ..training.optim import parameter_groups

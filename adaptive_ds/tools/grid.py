@@ -52,8 +52,7 @@ from .. import pretrained
 from ..data import EMBEDDED
 from ..hardware import DEVICES, detect_device
 from ..markdown_sections import replace_section
-from ..models.configuration import ARCHITECTURES
-from ..presets import PRESETS, VARIANTS
+from ..presets import ARCHITECTURES, PRESETS, VARIANTS
 from .grid_runs import GridError, budgets, execute, load_run, run_row
 from .grid_spec import GridSpec, parse_variant
 from .grid_tables import BUDGETS, RUN_KEYS, aggregate, compare, markdown, plot

@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
 def _init_from(name: str, arch: str, preset: str | None) -> tuple[str, int, dict]:
     """The preset, vocabulary and model overrides of the model a run --init_from `name` as `arch` trains."""
     from .. import pretrained
+    from ..models.upcycling import SHAPE_FIELDS, STRUCTURAL_FIELDS
 
     try:
         source = pretrained.Source.open(name, weights=False)  # the config is all a plan reads
@@ -302,7 +303,7 @@ def _init_from(name: str, arch: str, preset: str | None) -> tuple[str, int, dict
     if problems:
         raise SystemExit(f"error: {'; '.join(problems)}")
     config = source.model_config(arch, preset, source.config.vocab_size)
-    fixed = [k for k in pretrained.STRUCTURAL_FIELDS if k not in (*pretrained.SHAPE_FIELDS, "vocab_size")]
+    fixed = [k for k in STRUCTURAL_FIELDS if k not in (*SHAPE_FIELDS, "vocab_size")]
     return preset, source.config.vocab_size, {k: getattr(config, k) for k in fixed}
 
 

@@ -160,12 +160,17 @@ def _first(levels, candidates: list, attempt) -> Advice | None:
 
 
 def _more_gpus(start: _Start) -> Advice | None:
-    """A model that trains under ZeRO-3 (dense, MoD): ZeRO-3 over the fewest GPUs that fit; one that does not (MoE):
-    expert parallelism over the fewest GPUs that fit (ZeRO stage 1 or 2, as DeepSpeed MoE needs)."""
+    """A model that trains under ZeRO-3 (dense, MoD): ZeRO-3 over the fewest GPUs that fit; one with experts that
+    does not (MoE) or that ZeRO-3 does not fit: expert parallelism over the fewest GPUs that fit (ZeRO stage 1 or 2,
+    as DeepSpeed MoE needs)."""
     counts = start.gpu_counts()
     if start.model.zero3_problem is None:
-        return _first(start.levels, counts, lambda n, words, settings: start.attempt(
+        advice = _first(start.levels, counts, lambda n, words, settings: start.attempt(
             [f"ZeRO-3 across {n} GPUs", *words], gpus=n, **{**settings, "zero_stage": 3}))
+        if advice is not None or not start.model.num_moe_layers:
+            return advice
+    elif not start.model.num_moe_layers:  # neither ZeRO-3 nor experts to split: more GPUs do not help
+        return None
     experts, stage = start.model.num_routed_experts, min(start.layout.zero_stage, 2)
     groups = [n for n in range(start.model.moe_ep_size + 1, experts + 1)
               if experts % n == 0 and math.lcm(start.gpus, n) in [start.gpus, *counts]]
@@ -181,7 +186,7 @@ def _more_gpus(start: _Start) -> Advice | None:
 def _fewer_experts(start: _Start) -> Advice | None:
     """The most experts below the configured number that fit (more than the experts per token: still routed)."""
     model = start.model
-    if not model.arch_spec.moe:
+    if not model.num_moe_layers:
         return None
     counts = [n for n in range(model.num_local_experts - 1, model.num_experts_per_tok, -1)
               if n * model.moe_expert_granularity % model.moe_ep_size == 0]
@@ -194,7 +199,7 @@ def _finer_experts(start: _Start) -> Advice | None:
     """Fewer experts, each split finer (DeepSeekMoE), so that a token still chooses among as many routed experts:
     the most experts below the configured number that fit."""
     model = start.model
-    if not model.arch_spec.moe:
+    if not model.num_moe_layers:
         return None
     counts = [n for n in range(model.num_local_experts - 1, model.num_experts_per_tok, -1)
               if model.num_local_experts % n == 0
@@ -252,7 +257,7 @@ def advise(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int | None =
     block = ds_config.get("adaptive_ds", {})
     model = model_facts(preset, arch, options.get("vocab_size", 32000), block.get("model")).config
     layout = ds_config_reader.read(ds_config)
-    fixes = (((f"ZeRO stage 2 (arch {arch} does not train at stage 3)", {"zero_stage": 2}),)
+    fixes = (((f"ZeRO stage 2 ({model.zero3_problem})", {"zero_stage": 2}),)
              if model.zero3_problem is not None and layout.zero_stage == 3 else ())
     start = _Start(preset, arch, gpu, ds_config, base.gpus, options, layout,
                    bool(block.get("activation_checkpointing")), model, fixes)

@@ -228,7 +228,8 @@ def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, gpu: str, cpu
     """What stops a layout that fits the GPU: what DeepSpeed refuses, and a host too small for the offload."""
     found = []
     if config.zero3_problem is not None and layout.zero_stage == 3:
-        found.append(f"{config.zero3_problem} (stage 1 or 2 does)")
+        split = " with expert parallelism" if config.num_moe_layers else ""
+        found.append(f"{config.zero3_problem} (stage 1 or 2{split} does)")
     if gpus % config.expert_parallel_size:
         found.append(f"moe_ep_size {config.moe_ep_size} needs a multiple of {config.moe_ep_size} GPUs, not {gpus}")
     if host is not None and cpu_gib > host:

@@ -308,7 +308,9 @@ def validate(settings: RunSettings, ds_config: dict, world_size: int, preset_nam
                             f"valid choices: {', '.join(map(str, divisors))}")
     if model is not None and not layout_problems:
         if model.zero3_problem is not None and ds_config_reader.read(ds_config).zero_stage == 3:
-            problems.append(f"arch {settings.arch}: {model.zero3_problem}; use zero_optimization stage 1 or 2")
+            # with experts, the stage that runs splits them over the processes (--ep_size)
+            problems.append(f"arch {settings.arch}: {model.zero3_problem}; use zero_optimization stage 1 or 2"
+                            + (" (with expert parallelism)" if model.num_moe_layers else ""))
         if world_size % model.expert_parallel_size:
             problems.append(f"moe_ep_size {model.moe_ep_size} does not divide the world size {world_size}; pass "
                             f"an --ep_size that divides the number of processes")

@@ -98,7 +98,7 @@ class Validator:
     run's last step. The loop asks `should_run(step)` after every step, whatever the logging cadence; the end of the
     run takes the validation of its last step (`result_at`) rather than running the same one twice."""
 
-    def __init__(self, batches: list[dict], eval_steps: int, last_step: int, routings: tuple[str, ...] = ("causal",)):
+    def __init__(self, batches: list[dict], eval_steps: int, last_step: int, routings: tuple[str, ...]):
         # routings: the model's `validation_routings()`, the honest one first (MoD: then the train-time top-k)
         self.batches, self.eval_steps, self.last_step, self.routings = batches, eval_steps, last_step, routings
         self.latest: tuple[int, dict] | None = None  # (step, losses) of the latest validation

@@ -8,7 +8,8 @@ import torch
 from helpers.common import write_ds_config
 from transformers import AutoModelForCausalLM
 
-from adaptive_ds.export.convert import load_checkpoint, main
+from adaptive_ds.ds_checkpoint import load_checkpoint
+from adaptive_ds.export.convert import main
 from adaptive_ds.generate import main as generate_main
 from adaptive_ds.training import train
 

@@ -14,8 +14,9 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM, MixtralForCausalLM
 
 from adaptive_ds.data.tokenizer import embedded_tokenizer
-from adaptive_ds.export.convert import to_llama, to_mixtral
 from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.models.families.llama import to_llama
+from adaptive_ds.models.families.mixtral import to_mixtral
 from adaptive_ds.presets import pad_vocab
 from adaptive_ds.pretrained import Source
 

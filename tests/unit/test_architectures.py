@@ -125,3 +125,28 @@ def test_an_architecture_with_its_own_mlp_builds_it_and_counts_it(registered):
     assert parameter_counts(config).total == sum(p.numel() for p in model.parameters())
     assert model.default_knobs() == {"aux_coef": None, "mod_capacity": None} and config.zero3_problem is None
     assert type(AdaptiveDSForCausalLM(tiny_config("dense")).model.layers[0].mlp) is SwiGLU
+
+
+@pytest.mark.parametrize(("arch", "overrides", "layers"), [
+    ("dense", {}, 0), ("mod", {}, 0), ("moe", {}, 4), ("moe", {"moe_layer_interval": 2}, 2), ("hybrid", {}, 4)])
+def test_num_moe_layers_counts_the_layers_that_hold_experts(arch, overrides, layers):
+    config = tiny_config(arch, num_hidden_layers=4, **overrides)
+    model = AdaptiveDSForCausalLM(config)
+    assert config.num_moe_layers == layers == sum(
+        any(".experts." in name for name, _ in layer.named_parameters()) for layer in model.model.layers)
+
+
+def test_an_architecture_registered_later_counts_everywhere_the_architectures_are_asked(registered):
+    """Nothing holds a table of the architectures made at import: a second MoE architecture registered now is
+    listed, upcycled with its top-1 renormalised, and an unknown arch is refused in one line."""
+    import adaptive_ds.models as models
+    from adaptive_ds.models.upcycling import upcycled_settings
+
+    registered(ArchitectureSpec("moe2", moe=True))
+    assert models.ARCHITECTURES[-1] == "moe2"
+    assert upcycled_settings("dense", "moe2", {"num_experts_per_tok": 1}) == {
+        "mod_straight_through": False, "moe_renormalize_top1": True}
+    config = tiny_config("dense")
+    config.arch = "bogus"
+    with pytest.raises(ValueError, match=r"^unknown arch 'bogus'; valid choices: dense, moe, mod, hybrid, moe2$"):
+        _ = config.arch_spec

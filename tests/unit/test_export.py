@@ -5,8 +5,9 @@ express is refused with the reasons."""
 import pytest
 import torch
 
-from adaptive_ds.export.convert import mixtral_incompatibility, to_llama, to_mixtral
 from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.models.families.llama import to_llama
+from adaptive_ds.models.families.mixtral import mixtral_incompatibility, to_mixtral
 
 
 def _logits(model, ids):

@@ -3,15 +3,18 @@ architecture it imports as, an unknown one is refused in one line naming the sup
 weights map to ours and back to the stock model's state dict tensor for tensor, and a family registered from
 outside is one `--init_from` and `--to` take without a change to pretrained.py or export/convert.py."""
 
-import ast
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.architecture_branches import architecture_branches
+from helpers.common import tiny_config
 from helpers.pretrained_folders import llama_folder, perturbed
 from safetensors.torch import load_file
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -21,7 +24,16 @@ from adaptive_ds.export.convert import convert
 from adaptive_ds.export.final import model_source_files
 from adaptive_ds.models import ARCHITECTURES, AdaptiveDSConfig, AdaptiveDSForCausalLM
 from adaptive_ds.models.families import ADAPTIVE_DS, FAMILIES, LLAMA, MIXTRAL, exportable, family_of, register_family
-from adaptive_ds.models.upcycling import copies_experts, fixed_fields, initial_tensors, starts, upcycled_settings
+from adaptive_ds.models.spec import ARCH_SPECS, ArchitectureSpec, register_architecture
+from adaptive_ds.models.upcycling import (
+    STRUCTURAL_FIELDS,
+    copies_experts,
+    fixed_fields,
+    initial_tensors,
+    starts,
+    upcycled_settings,
+    upcycles,
+)
 from adaptive_ds.pretrained import Source
 
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -145,36 +157,15 @@ def test_the_standalone_model_code_does_not_carry_the_registry():
     assert {Path(path).name for path in model_source_files()} >= {"modeling.py", "configuration.py"}
 
 
-def _branches(source: str) -> list[str]:
-    """Each place `source` tells architectures or families apart by name: a comparison (==, !=, in) with an
-    architecture's or a registered family's name, a dict keyed by one, or a `uses_moe` / `uses_mod` question."""
-    names = {*ARCHITECTURES, *FAMILIES}
-
-    def named(node) -> bool:
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            return any(named(element) for element in node.elts)
-        return isinstance(node, ast.Constant) and node.value in names
-
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare) and any(named(side) for side in (node.left, *node.comparators)):
-            found.append(ast.unparse(node))
-        elif isinstance(node, ast.Dict) and any(key is not None and named(key) for key in node.keys):
-            found.append(ast.unparse(node))
-        elif isinstance(node, ast.Attribute) and node.attr in ("uses_moe", "uses_mod"):
-            found.append(ast.unparse(node))
-    return found
-
-
 def test_init_from_and_the_export_tell_no_architecture_or_family_apart_by_name():
     """pretrained.py and export/ ask the registry (and the upcycling rules); a family added in models/ needs no
-    branch there."""
-    assert sorted(_branches('if a.arch != "dense" and b in ("moe", "hybrid") or c.uses_mod: {"llama": 1}.get(k)')) \
-        == ["a.arch != 'dense'", "b in ('moe', 'hybrid')", "c.uses_mod", "{'llama': 1}"]
-    assert _branches('if kind == AdaptiveDSConfig.model_type and x == "dense model": pass') == []
+    branch there (the detector knows the families' names beside the architectures')."""
+    assert [what for _, what, _ in architecture_branches('if kind == "mixtral" or {"llama": 1}.get(kind): pass')] \
+        == ["compares with mixtral", "looks up a table keyed by names"]
+    assert architecture_branches('if kind == AdaptiveDSConfig.model_type and x == "dense model": pass') == []
     package = Path(pretrained.__file__).parent
     files = [package / "pretrained.py", *sorted((package / "export").glob("*.py"))]
-    assert {path: _branches(path.read_text()) for path in files} == dict.fromkeys(files, [])
+    assert {path: architecture_branches(path.read_text()) for path in files} == dict.fromkeys(files, [])
 
 
 def test_the_upcycling_rules_name_which_source_starts_which_architecture():
@@ -183,3 +174,41 @@ def test_the_upcycling_rules_name_which_source_starts_which_architecture():
     assert [arch for arch in ARCHITECTURES if copies_experts("dense", arch)] == ["moe", "hybrid"]
     assert not copies_experts("moe", "moe")
     assert "moe_expert_granularity" in fixed_fields("moe") and "moe_expert_granularity" not in fixed_fields("dense")
+
+
+class GELUMLP(nn.Module):
+    """An MLP of its own (no gate_proj): what a Llama's SwiGLU weights cannot start."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden_states):
+        return self.down_proj(nn.functional.gelu(self.up_proj(hidden_states)))
+
+
+@pytest.fixture
+def own_mlp():
+    """An architecture registered with an MLP of its own for the test's length (its name)."""
+    yield register_architecture(ArchitectureSpec("gelu", mlp=GELUMLP)).name
+    ARCH_SPECS.pop("gelu")
+
+
+def test_an_architecture_with_its_own_mlp_is_started_by_no_plain_source_and_exports_to_no_llama(tmp_path, own_mlp):
+    # the rules agree: a dense model starts the SwiGLU architectures only, and upcycles into none of its own MLP
+    assert not starts("dense", own_mlp) and not upcycles("dense", own_mlp) and not copies_experts("dense", own_mlp)
+    assert upcycled_settings("dense", own_mlp, {"num_experts_per_tok": 1}) == {}
+    assert starts(own_mlp, own_mlp) and fixed_fields(own_mlp) == STRUCTURAL_FIELDS
+    assert not starts(own_mlp, "dense")
+    folder = llama_folder(tmp_path / "llama")
+    source = Source.open(str(folder))
+    assert source.problems(own_mlp, {}, None) == [
+        f"init_from {str(folder)!r} is a dense model (LlamaForCausalLM); it starts --arch dense, moe, mod, hybrid; "
+        f"--arch gelu has an MLP of its own, which a dense model has no weights for"]
+    model = AdaptiveDSForCausalLM(tiny_config(own_mlp))  # exporting it: refused in one line, not a load error
+    for model_type, reason in (("llama", "arch is 'gelu': its MLP is its own, not a Llama's SwiGLU"),
+                               ("mixtral", "arch is 'gelu', not 'moe'")):
+        with pytest.raises(ValueError, match=re.escape(reason)) as refused:
+            convert(model, model_type)
+        assert "\n" not in str(refused.value)

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from helpers.common import tiny_config
 from transformers import AutoModelForCausalLM
 
-from adaptive_ds.export.convert import mixtral_incompatibility, to_mixtral
 from adaptive_ds.flops import training_flops_per_token
 from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.models.families.mixtral import mixtral_incompatibility, to_mixtral
 from adaptive_ds.models.moe import MoEFeedForward, route, update_routing_bias
 from adaptive_ds.presets import block_parameters, parameter_counts
 from adaptive_ds.training import moe_adapter

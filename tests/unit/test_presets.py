@@ -111,12 +111,12 @@ def test_cli_prints_every_preset_and_arch(capsys):
 
 
 def test_the_architectures_the_settings_know_are_the_models():
-    """presets.ARCHITECTURES (read by the run's settings before torch is imported) and the model configuration's own
-    tuple (which a final/ folder's copy of the model code needs) are the same, in the same order."""
+    """presets.ARCHITECTURES (read by the run's settings before torch is imported) and the registered specs (which
+    a final/ folder's copy of the model code carries) are the same, in the same order."""
     from adaptive_ds import presets
-    from adaptive_ds.models import configuration
+    from adaptive_ds.models import ARCH_SPECS
 
-    assert presets.ARCHITECTURES == configuration.ARCHITECTURES == ARCHITECTURES
+    assert presets.ARCHITECTURES == tuple(ARCH_SPECS) == ARCHITECTURES
     assert all(VARIANTS[arch].arch == arch for arch in ARCHITECTURES)  # each architecture's defaults have an entry
 
 
@@ -124,10 +124,12 @@ def test_every_moe_and_mod_field_is_known_as_one():
     """A new moe_* or mod_* field joins its architectures' fields, so that a run refuses it on an arch without them."""
     from dataclasses import fields
 
-    from adaptive_ds.models import configuration
+    from adaptive_ds.models import ARCH_SPECS
     from adaptive_ds.presets import MOD_ARCHITECTURES, MOD_FIELDS, MOE_ARCHITECTURES, MOE_FIELDS
 
-    assert (MOE_ARCHITECTURES, MOD_ARCHITECTURES) == (configuration.MOE_ARCHITECTURES, configuration.MOD_ARCHITECTURES)
+    # presets.py's tables (read before torch is imported) say what the specs say
+    assert MOE_ARCHITECTURES == tuple(name for name, spec in ARCH_SPECS.items() if spec.moe)
+    assert MOD_ARCHITECTURES == tuple(name for name, spec in ARCH_SPECS.items() if spec.mod)
 
     names = {f.name for f in fields(AdaptiveDSConfig)}
     assert {n for n in names if n.startswith("moe_")} <= set(MOE_FIELDS) <= names

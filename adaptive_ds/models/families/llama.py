@@ -57,15 +57,19 @@ def llama_config_fields(config: AdaptiveDSConfig) -> dict:
 
 
 def llama_incompatibility(config: AdaptiveDSConfig) -> str | None:
-    """Why a model cannot be a stock Llama, or None if it can: a dense model is one parameter for parameter; a MoD
+    """Why a model cannot be a stock Llama, or None if it can: a plain model (`ArchitectureSpec.plain`: dense) is
+    one parameter for parameter, one with experts or an MLP of its own is not; a MoD
     model with the straight-through update scale (`mod_straight_through`: a dense model retrofitted with MoD) at
     `mod_capacity` 1.0 is one, its routers dropped: every token runs every block, scaled by exactly 1, as in its
     training. Below capacity 1.0 the Llama would compute a function the model never trained (its blocks saw only
     the routed share of the tokens), so it is refused."""
-    if config.uses_moe:
-        return f"arch is {config.arch!r}: MoE layers have no Llama equivalent (--to mixtral exports MoE)"
-    if not config.uses_mod:
+    spec = config.arch_spec
+    if spec.plain:
         return None
+    if spec.moe:
+        return f"arch is {config.arch!r}: MoE layers have no Llama equivalent (--to mixtral exports MoE)"
+    if spec.mlp is not None:
+        return f"arch is {config.arch!r}: its MLP is its own, not a Llama's SwiGLU"
     if not config.mod_straight_through:
         return ("its MoD blocks scale their update by sigmoid(router logit), which a Llama has no place for "
                 "(a model retrofitted with MoD, mod_straight_through, at mod_capacity 1.0 exports as a Llama)")
