@@ -1,12 +1,15 @@
 """The MoE layer's router, dispatchers and experts against a naive per-expert loop and DeepSpeed's stock layer
 (swapped in as the trainer does, `moe_adapter`)."""
 
+import collections
+
 import pytest
 import torch
 import torch.nn.functional as F
 from deepspeed.moe.layer import MoE
 from deepspeed.moe.sharded_moe import multiplicative_jitter as deepspeed_jitter
 from helpers.common import tiny_config
+from torch.overrides import TorchFunctionMode
 
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models import moe as moe_module
@@ -85,6 +88,43 @@ def test_both_dispatchers_equal_deepspeeds_stock_layer(k, drop_tokens):
                         strict=True):
             if a is not None and b is not None:
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts the calls of a forward that read the device back to the host: `tolist`, `item`, `__int__`, and
+    `bincount` (whose output size depends on its input's values, so it waits for the device)."""
+
+    NAMES = ("bincount", "tolist", "item", "__int__")
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES:
+            self.calls[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+# The same count, by the same layer forward, at fccbcd0 (before the router / dispatcher / experts split, when the
+# layer ran DeepSpeed's `MoE` forward for "deepspeed"): indexed {bincount: 3, tolist: 1} (the routing's demand, kept
+# counts and first choices; the per-expert split), deepspeed {__int__: 1} (the capacity `MOELayer.forward` reads),
+# alike for top-1 and top-2, with and without drops and jitter.
+BEFORE_THE_SPLIT = {"indexed": {"bincount": 3, "tolist": 1}, "deepspeed": {"__int__": 1}}
+
+
+@pytest.mark.parametrize("jitter", [False, True])
+@pytest.mark.parametrize("drop_tokens", [True, False])
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
+def test_a_training_forward_reads_the_device_back_no_more_than_before_the_split(dispatch, k, drop_tokens, jitter):
+    layer = _layer(stock=True, num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=1.0,
+                   moe_min_capacity=1, moe_jitter=jitter, moe_dispatch=dispatch)
+    x = torch.randn(2, 16, 32)
+    with _HostReads() as reads:
+        layer(x)
+    assert dict(reads.calls) == BEFORE_THE_SPLIT[dispatch]
 
 
 def test_capacity_drops_exactly_the_later_tokens_and_second_choices():
