@@ -60,27 +60,46 @@ def test_indexed_dispatch_equals_a_naive_loop_in_outputs_and_gradients(k, groupe
     assert int(routing.expert_counts.sum()) == 30 * k and int(routing.dropped) == 0
 
 
+def _z_loss(logits: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(logits, -1).pow(2).mean()
+
+
+@pytest.mark.parametrize("jitter", [False, True])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("drop_tokens", [True, False])
-def test_both_dispatchers_equal_deepspeeds_stock_layer(k, drop_tokens):
+def test_both_dispatchers_equal_deepspeeds_stock_layer(k, drop_tokens, jitter):
     """The indexed dispatcher and DeepSpeed's dispatcher behind the same interface both give what DeepSpeed's own
-    `deepspeed.moe.layer.MoE` computes end to end (its gate, dispatch, experts and combine): outputs, counts, the
-    aux loss and gradients."""
+    `deepspeed.moe.layer.MoE` computes end to end (its gate with the same jitter draws, dispatch, experts and
+    combine): outputs, counts, the aux loss and gradients. The z-loss, which DeepSpeed's layer does not compute:
+    DeepSpeed's dispatch reports that of the logits without jitter (as the layer did when it ran DeepSpeed's `MoE`
+    forward and recomputed the logits beside it), the indexed one that of the logits it routed by."""
     # Top-1 with drops is left out: DeepSpeed picks among equal-priority tokens with topk over a 0/1 mask,
     # an order torch does not define. Top-2 drops in token order, which we reproduce exactly.
     if k == 1 and drop_tokens:
         pytest.skip("DeepSpeed's top-1 drop order is undefined")
-    options = dict(num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5, moe_min_capacity=1)
+    options = dict(num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5, moe_min_capacity=1,
+                   moe_jitter=jitter)
     layer = _layer(stock=True, **options)
     x = torch.randn(2, 16, 32, requires_grad=True)
+    torch.manual_seed(7)  # each forward draws the same jitter
     indexed, indexed_routing = layer(x)
     layer.dispatcher = moe_adapter.DeepSpeedDispatcher(tiny_config("moe", num_local_experts=4, **options))
+    torch.manual_seed(7)
     deepspeed, deepspeed_routing = layer(x)
+    torch.manual_seed(7)
     stock, stock_aux, stock_counts = layer.moe(x)  # DeepSpeed's layer's own forward
     for ours, routing in ((indexed, indexed_routing), (deepspeed, deepspeed_routing)):
         torch.testing.assert_close(ours, stock, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(routing.aux_loss, stock_aux)
         assert torch.equal(routing.expert_counts, stock_counts)
+    tokens, weight = x.detach().reshape(-1, 32).float(), layer.moe.deepspeed_moe.gate.wg.weight.detach().float()
+    plain = F.linear(tokens, weight)
+    torch.manual_seed(7)
+    jittered = F.linear(deepspeed_jitter(tokens, tokens.device), weight) if jitter else plain
+    torch.testing.assert_close(deepspeed_routing.z_loss, _z_loss(plain))
+    torch.testing.assert_close(indexed_routing.z_loss, _z_loss(jittered))
+    if jitter:  # the jitter case tells the two apart
+        assert not torch.allclose(_z_loss(plain), _z_loss(jittered), rtol=1e-5, atol=0)
     params = [x, *layer.parameters()]
     g_stock = torch.autograd.grad(stock.sum(), params, allow_unused=True)
     for ours in (indexed, deepspeed):
