@@ -4,6 +4,7 @@ data position per rank), so that a checkpoint written before the states had name
 load (checkpoint/manager.py) are stood in for: what is checked here is what reaches them and what comes back."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,76 @@ def test_open_says_where_a_run_starts_and_refuses_a_directory_that_is_not_its_ow
     chosen = Checkpointer.open(None, IDENTITY, progress=progress)
     assert chosen.output_dir == "runs/debug-dense-slurm-7"
     assert progress.rerun == "rerun the same command with --output_dir runs/debug-dense-slurm-7" == chosen.rerun
+
+
+# run.json and data_rank0.json of step 2 of a real run of the code from before the states had names (0.1: a debug
+# preset dense run streaming helpers.corpora's C4 shard, tokenizer bpe:320, validation_share 0.2, data_workers 0,
+# max_steps 3, save_steps 2, on one CPU process); its identity's data path is the shard's name alone.
+BEFORE_NAMED_STATES = Path(__file__).parents[1] / "fixtures" / "checkpoint_before_named_states"
+SHARD = "c4-train.00000-of-01024.json.gz"
+
+
+def _keys(value) -> object:
+    """The nested keys of a JSON value (a dict's values by key, a list's items in order), without the values."""
+    if isinstance(value, dict):
+        return {key: _keys(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_keys(item) for item in value]
+    return None
+
+
+def _streamed_run(tmp_path, max_steps: int) -> dict:
+    """A run on the stand-in engine (tests/helpers/fake_engine.py) with the fixture's settings into tmp_path/run."""
+    from functools import partial
+    from unittest import mock
+
+    from helpers.corpora import write_c4
+    from helpers.fake_engine import EngineLog, FakeEngine
+
+    from adaptive_ds.training import loop, train
+
+    shard = tmp_path / SHARD
+    if not shard.exists():
+        write_c4(shard)
+    argv = ["--ds_config", str(Path(__file__).parents[2] / "ds_configs" / "debug_cpu.json"), "--max_steps",
+            str(max_steps), "--save_steps", "2", "--log_steps", "1", "--data", str(shard), "--tokenizer", "bpe:320",
+            "--validation_share", "0.2", "--data_workers", "0", "--eval_steps", "100", "--output_dir",
+            str(tmp_path / "run")]
+    with mock.patch.object(loop, "build_engine", partial(FakeEngine, log=EngineLog())), \
+            mock.patch.object(loop, "plot_losses", lambda *args, **kwargs: None):
+        return train(argv)
+
+
+def _fixture(name: str, tmp_path) -> dict:
+    saved = json.loads((BEFORE_NAMED_STATES / name).read_text())
+    if name == "run.json":
+        saved["identity"]["data"] = str(tmp_path / SHARD)
+    return saved
+
+
+def test_a_checkpoint_holds_the_keys_a_checkpoint_of_the_code_before_named_states_held(tmp_path):
+    _streamed_run(tmp_path, max_steps=2)
+    where = tmp_path / "run" / "checkpoints" / "step00000002"
+    for name in ("run.json", "data_rank0.json"):
+        ours, before = json.loads((where / name).read_text()), _fixture(name, tmp_path)
+        if name == "run.json":  # the model config's own fields changed since, and only these (models/defaults.py)
+            model, old_model = ours["identity"].pop("model"), before["identity"].pop("model")
+            assert (set(model) - set(old_model), set(old_model) - set(model)) == (
+                {"config_version"}, {"moe_eval_capacity_factor"})
+        assert _keys(ours) == _keys(before), name
+
+
+def test_a_checkpoint_written_before_the_states_had_names_resumes(tmp_path):
+    """The old files in place of a checkpoint's own (its manifest removed: a checkpoint from before manifests passes
+    on its run.json alone): the run resumes at the old step, with the old position in the stream and the controller's
+    losses."""
+    _streamed_run(tmp_path, max_steps=2)
+    where = tmp_path / "run" / "checkpoints" / "step00000002"
+    (where / "manifest.json").unlink()
+    for name in ("run.json", "data_rank0.json"):
+        (where / name).write_text(json.dumps(_fixture(name, tmp_path)))
+    summary = _streamed_run(tmp_path, max_steps=3)
+    assert summary["resumed_from_step"] == 2 and summary["steps"] == 3
+    resumed = json.loads((tmp_path / "run" / "checkpoints" / "step00000003" / "run.json").read_text())
+    assert resumed["controller"]["losses"][:2] == _fixture("run.json", tmp_path)["controller"]["losses"]
+    assert resumed["data_steps"] == 3
