@@ -4,11 +4,13 @@ data position per rank), so that a checkpoint written before the states had name
 load (checkpoint/manager.py) are stood in for: what is checked here is what reaches them and what comes back."""
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
 from adaptive_ds.training.checkpoint import Checkpointer, Resume, manager, storage
+from adaptive_ds.training.checkpoint.storage import SavesFailedError
 
 # run.json and data_rank0.json as a checkpoint of step 4 holds them, as the trainer wrote them before its state
 # was split into named states (one dict with the controller's state inside, the data position beside it)
@@ -206,3 +208,72 @@ def test_a_checkpoint_written_before_the_states_had_names_resumes(tmp_path):
     resumed = json.loads((tmp_path / "run" / "checkpoints" / "step00000003" / "run.json").read_text())
     assert resumed["controller"]["losses"][:2] == _fixture("run.json", tmp_path)["controller"]["losses"]
     assert resumed["data_steps"] == 3
+
+
+class _Engine:
+    """The engine as the collective save (checkpoint/manager.py) reaches it; `fail_at`: the steps whose save
+    raises the OSError of a full disk."""
+
+    has_moe_layers = False
+
+    def __init__(self, fail_at=()):
+        self.fail_at = set(fail_at)
+
+    def save_checkpoint(self, root, tag, client_state, save_latest=False):
+        if int(tag.removeprefix("step")) in self.fail_at:
+            raise OSError(28, "No space left on device")
+        (Path(root) / tag).mkdir(parents=True)
+        (Path(root) / tag / "model.pt").write_text("weights")
+
+
+class _Tokenizer:
+    def save_pretrained(self, path):
+        Path(path).mkdir(parents=True)
+
+
+def _saver(tmp_path, engine, saved, amended, **options):
+    """A Checkpointer over the real collective save, with a stand-in engine; `saved` receives on_saved's steps,
+    `amended` amend_record's arguments."""
+    from adaptive_ds import distributed
+
+    distributed.init_distributed()
+    (tmp_path / "checkpoints").mkdir(exist_ok=True)
+    return Checkpointer(engine, _states([]), Resume(str(tmp_path), None, None, "rerun the same command"), {"run": 1},
+                        tokenizer=_Tokenizer(), save_steps=1, keep_last=5, max_steps=100, on_saved=saved.append,
+                        amend_record=lambda step, counts: amended.append((step, counts)), **options)
+
+
+def test_max_failed_saves_in_a_row_stop_the_run_and_amend_its_record_and_a_success_resets_the_count(tmp_path):
+    saved, amended = [], []
+    saver = _saver(tmp_path, _Engine(fail_at={1, 2, 4, 5, 6}), saved, amended, max_failed_saves=3)
+    for step in (1, 2, 3, 4, 5):  # two failures, a success (the count starts over), two failures: the run goes on
+        assert saver.maybe_save(step, healthy=True) == (step == 3)
+    assert (saver.failed_saves, saver.failed_saves_total, saved, amended) == (2, 4, [3], [])
+    assert storage.latest_tag(str(tmp_path)) == "step00000003"
+    with pytest.raises(SavesFailedError, match=r"3 checkpoint saves in a row failed \(max_failed_saves 3\), the last "
+                                               r"at step 6 \(.*No space left on device\); the last good checkpoint "
+                                               r"is .*step00000003; rerun the same command to resume from it"):
+        saver.maybe_save(6, healthy=True)
+    assert amended == [(6, {"failed_saves": 3, "failed_saves_total": 5})] and saved == [3]
+
+
+def test_on_saved_follows_a_successful_boundary_or_stop_save_only_and_never_the_save_at_the_end(tmp_path):
+    from adaptive_ds.training.stop import StopRequest, StopRequested
+
+    saved, amended = [], []
+    saver = _saver(tmp_path, _Engine(fail_at={2, 5}), saved, amended)
+    assert saver.maybe_save(1, healthy=True) and not saver.maybe_save(2, healthy=True)
+    assert saved == [1]  # not after the failed boundary save
+    stop = StopRequest(grace_s=30)
+    stop.signum = signal.SIGTERM
+    with pytest.raises(StopRequested, match="stopped by SIGTERM at step 3, saved"):
+        saver.save_on_stop(3, stop, healthy=True)
+    assert saved == [1, 3]
+    with pytest.raises(StopRequested, match="at step 5 without a checkpoint there \\(its save failed\\)"):
+        saver.save_on_stop(5, stop, healthy=True)
+    assert saved == [1, 3]
+    saver.save_at_end(4, healthy=True)  # the end's push is the final export's, not on_saved's
+    assert saver.last_saved == 4 and saved == [1, 3] and amended == []
+    with pytest.raises(SavesFailedError, match="the checkpoint of the run's last step 5 could not be saved"):
+        saver.save_at_end(5, healthy=True)  # no boundary follows to try again: it stops the run at once
+    assert amended == [(5, {"failed_saves": 1, "failed_saves_total": 3})] and saved == [1, 3]
