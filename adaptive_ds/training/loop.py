@@ -27,6 +27,7 @@ import logging
 import math
 import os
 from dataclasses import replace
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -218,14 +219,23 @@ class Trainer:
             return self._roll_back(step)
         if action is Action.STOP and verdict.failed:
             raise TrainingStopped(verdict.reason)
-        if action is Action.STOP and verdict is not _SIGNALLED:
+        if verdict is _SIGNALLED:  # first and on its own: nothing can skip a stop that every rank agreed on
+            self._stop_on_signal(step, stop)
+        if action is Action.STOP:
             self.stopped_early = True
         elif action is not Action.RETRY_STEP and not self.metrics.unread:
             with self.clock.phase("checkpoint"):
                 self.checkpointer.maybe_save(step, self.controller.healthy)
-                if verdict is _SIGNALLED:
-                    self.checkpointer.save_on_stop(step, stop, self.controller.healthy)
         return step
+
+    def _stop_on_signal(self, step: int, stop: StopRequest) -> NoReturn:
+        """End the run at `step` for a signal: its save at the cadence, then the save of the stop and StopRequested.
+        Step losses still on the device are read first, so that the controller has judged every step it saves."""
+        with self.clock.phase("checkpoint"):
+            if self.metrics.unread:
+                self.metrics.read()  # its verdict is moot (the run stops); `healthy` holds what it found
+            self.checkpointer.maybe_save(step, self.controller.healthy)
+            self.checkpointer.save_on_stop(step, stop, self.controller.healthy)
 
     def _roll_back(self, step: int) -> int:
         """Back to the latest healthy checkpoint's weights and optimizer; the controller keeps its new knobs, the
