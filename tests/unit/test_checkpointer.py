@@ -277,3 +277,10 @@ def test_on_saved_follows_a_successful_boundary_or_stop_save_only_and_never_the_
     with pytest.raises(SavesFailedError, match="the checkpoint of the run's last step 5 could not be saved"):
         saver.save_at_end(5, healthy=True)  # no boundary follows to try again: it stops the run at once
     assert amended == [(5, {"failed_saves": 1, "failed_saves_total": 3})] and saved == [1, 3]
+
+
+def test_states_that_would_write_the_same_run_json_key_are_refused(tmp_path):
+    log = []
+    states = {**_states(log), "loss": _State(1.0, log, "loss")}  # its own key, which the metrics' state holds
+    with pytest.raises(AssertionError, match=r"state 'loss' writes run.json keys another state writes: \['loss'\]"):
+        _checkpointer(tmp_path, states).maybe_save(4, healthy=True)

@@ -226,12 +226,13 @@ class Checkpointer:
         by name."""
         shared, own = {}, {}
         for name, state in self.states.items():
-            if name in _TOP_LEVEL:
-                shared.update(state.state_dict())
-            elif name in _PER_RANK:
+            if name in _PER_RANK:
                 own[name] = state.state_dict()
-            else:
-                shared[name] = state.state_dict()
+                continue
+            part = state.state_dict() if name in _TOP_LEVEL else {name: state.state_dict()}
+            clash = shared.keys() & part.keys()  # run.json is one dict: a state would overwrite another's key
+            assert not clash, f"state {name!r} writes run.json keys another state writes: {sorted(clash)}"
+            shared.update(part)
         return shared, own
 
     def _state_of(self, name: str, saved: dict, tag: str):
