@@ -458,7 +458,7 @@ class Trainer:
 
     def _push_checkpoint(self, step: int) -> None:
         """The checkpointer's `on_saved` with --push_every_save: the checkpoint's weights to the Hub."""
-        staging = os.path.join(self.output_dir, "checkpoints", "hub_snapshot")
+        staging = self.checkpointer.snapshot_dir
         final.save_final(self.engine.module, self.data.tokenizer, staging, is_writer=self.rank == 0,
                          zero_stage=self.engine.zero_optimization_stage())
         if self.pusher:

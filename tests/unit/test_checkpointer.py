@@ -264,6 +264,11 @@ def test_on_saved_follows_a_successful_boundary_or_stop_save_only_and_never_the_
     saver = _saver(tmp_path, _Engine(fail_at={2, 5}), saved, amended)
     assert saver.maybe_save(1, healthy=True) and not saver.maybe_save(2, healthy=True)
     assert saved == [1]  # not after the failed boundary save
+    # where on_saved stages its export: beside the checkpoints, which pruning and resuming leave it out of
+    assert saver.snapshot_dir == str(tmp_path / "checkpoints" / "hub_snapshot")
+    Path(saver.snapshot_dir).mkdir()
+    storage.prune(str(tmp_path / "checkpoints"), "step00000001", keep_last=1)
+    assert Path(saver.snapshot_dir).is_dir() and storage.candidates(str(tmp_path / "checkpoints")) == ["step00000001"]
     stop = StopRequest(grace_s=30)
     stop.signum = signal.SIGTERM
     with pytest.raises(StopRequested, match="stopped by SIGTERM at step 3, saved"):

@@ -146,6 +146,12 @@ class Checkpointer:
         return Resume(path, tag, check_resumable(path, tag, identity), rerun)
 
     # saves
+    @property
+    def snapshot_dir(self) -> str:
+        """Where an `on_saved` callback stages what it exports of the checkpoint just saved (the Hub push's weights):
+        beside the checkpoints, where neither pruning nor a resume takes it for one (it is not a step<N> tag)."""
+        return os.path.join(storage.checkpoint_root(self.output_dir), "hub_snapshot")
+
     def boundary(self, step: int) -> bool:
         """Whether `step` is a save boundary, or a save is owed (the loop reads the step losses there)."""
         return self.pending or bool(self.save_steps and step % self.save_steps == 0 and step < self.max_steps)
