@@ -316,7 +316,7 @@ class Trainer:
             verdict = self.controller.observe_validation(step, record["validation_loss"])
         if stopping or self.metrics.logs_at(step) or verdict.action is Action.STOP:
             applied = self.applied
-            record.update(self.metrics.window_record(step, applied, {
+            record.update(self.metrics.close_window(step, applied, {
                 "lr": self.engine.get_lr()[0], "micro_batch": applied.micro_batch,
                 "accumulation": applied.accumulation, "skipped_steps": self.engine.skipped_steps,
                 "failed_saves": self.checkpointer.failed_saves,
