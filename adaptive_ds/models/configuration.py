@@ -126,6 +126,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
     def __post_init__(self, **kwargs):
+        if self.config_version > CONFIG_VERSION:  # its unset fields mean what a newer adaptive_ds says
+            raise ValueError(f"config_version {self.config_version} is newer than this adaptive_ds reads "
+                             f"({CONFIG_VERSION}); upgrade adaptive_ds to load it")
         defaults = dict(UNVERSIONED_DEFAULTS)
         if self.config_version >= 2:
             defaults.update(ARCHITECTURE_DEFAULTS.get(self.arch, {}))

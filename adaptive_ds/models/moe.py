@@ -66,6 +66,7 @@ it is in checkpoints and `final/`): it stays exact when the engine casts the mod
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -208,9 +209,16 @@ class TopKRouter:
 
     def __call__(self, tokens: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  training: bool) -> Routing:
-        """Route `tokens` (tokens, hidden) by the router `weight` (experts, hidden); `bias` (experts,) or None."""
-        logits = self.logits(tokens, weight, training)
-        capacity = self.capacity(tokens.shape[0], training)
+        """Route `tokens` (tokens, hidden) by the router `weight` (experts, hidden); `bias` (experts,) or None. The
+        logits are computed now; the top-k and the statistics when a dispatcher first reads them (`Routing`)."""
+        routing = Routing(self, self.logits(tokens, weight, training), bias, self.capacity(tokens.shape[0], training))
+        if self.jitter and training:  # what `plain_logits` recomputes, kept only if a dispatcher asks
+            routing.unjittered = (tokens, weight)
+        return routing
+
+    def top_k(self, logits: torch.Tensor, bias: torch.Tensor | None,
+              capacity: int | None) -> tuple[Assignments, MoERouting]:
+        """The kept assignments of `logits` and the routing's losses and counts (see `route`)."""
         assignments, demand, probs = route(logits, self.k, capacity, bias, self.renormalize_top1)
         # DeepSpeed's loss for every k (see the module doc): first choices for k <= 2, all choices beyond.
         if self.k > 2:
@@ -219,17 +227,50 @@ class TopKRouter:
             first = (probs if bias is None else probs + bias).argmax(dim=-1)
             aux_loss = load_balancing_loss(probs, torch.bincount(first, minlength=self.num_experts))
         demand = demand.detach()
-        dropped = (demand - capacity).clamp_min(0).sum() if capacity is not None else demand.new_zeros(())
-        return Routing(logits, assignments, MoERouting(aux_loss, router_z_loss(logits), demand, dropped))
+        return assignments, MoERouting(aux_loss, router_z_loss(logits), demand, dropped_assignments(demand, capacity))
 
 
-@dataclass
+def dropped_assignments(demand: torch.Tensor, capacity: int | None) -> torch.Tensor:
+    """Assignments past `capacity` (None: dropless) of the (experts,) `demand`, on the device."""
+    return (demand - capacity).clamp_min(0).sum() if capacity is not None else demand.new_zeros(())
+
+
 class Routing:
-    """The router's answer for one forward pass: what a token dispatcher reads, and what the layer reports."""
+    """The router's answer for one forward pass: its (tokens, experts) float32 `logits`, and the top-k `assignments`
+    and routing `statistics` computed on first read. A dispatcher that routes by its own gating (DeepSpeed's) reads
+    neither, so it costs none of the top-k's bincounts, and hands the layer the statistics of its gating
+    (`report`)."""
 
-    logits: torch.Tensor  # (tokens, experts) float32
-    assignments: Assignments  # the kept token-expert assignments, sorted by expert
-    statistics: MoERouting
+    def __init__(self, router: TopKRouter, logits: torch.Tensor, bias: torch.Tensor | None, capacity: int | None):
+        self.logits = logits
+        self.capacity = capacity  # slots per expert; None: dropless
+        self._router, self._bias = router, bias
+        self._reported: MoERouting | None = None
+        self.unjittered: tuple[torch.Tensor, torch.Tensor] | None = None  # (tokens, weight) where jitter was drawn
+
+    @functools.cached_property
+    def plain_logits(self) -> torch.Tensor:
+        """The logits without the jitter: the router's where it drew none, else recomputed (one small matmul)."""
+        if self.unjittered is None:
+            return self.logits
+        return self._router.logits(*self.unjittered, training=False)
+
+    @functools.cached_property
+    def _top_k(self) -> tuple[Assignments, MoERouting]:
+        return self._router.top_k(self.logits, self._bias, self.capacity)
+
+    @property
+    def assignments(self) -> Assignments:
+        """The kept token-expert assignments, sorted by expert."""
+        return self._top_k[0]
+
+    @property
+    def statistics(self) -> MoERouting:
+        """What the layer reports: the statistics a dispatcher reported, else the top-k's."""
+        return self._reported if self._reported is not None else self._top_k[1]
+
+    def report(self, statistics: MoERouting) -> None:
+        self._reported = statistics
 
 
 @dataclass
@@ -237,7 +278,9 @@ class Dispatched:
     """A dispatcher's rows for this process's experts, and what its `combine` needs to bring their output back."""
 
     rows: torch.Tensor  # (rows, hidden), grouped by local expert
-    tokens_per_expert: torch.Tensor  # (local experts,) rows of each, in expert order
+    # (local experts,) rows of each, in expert order: a tensor, or Python ints where the dispatcher knows them
+    # without reading the device (DeepSpeed's fixed capacity layout)
+    tokens_per_expert: torch.Tensor | list[int]
     context: tuple  # the dispatcher's own, for `combine`
 
 
@@ -348,10 +391,12 @@ class LocalExperts:
         """The local experts' `name` projection weights, (out, in) each, in expert order."""
         return [getattr(e, name).weight for e in self.modules]
 
-    def __call__(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        """SwiGLU of each local expert on its contiguous rows of `rows` (grouped by expert)."""
+    def __call__(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
+        """SwiGLU of each local expert on its contiguous rows of `rows` (grouped by expert); `tokens_per_expert` a
+        tensor or Python ints (which the per-expert loop splits by without reading the device)."""
         if use_grouped_mm(rows, self.grouped_gemm):
-            offsets = torch.cumsum(tokens_per_expert, 0).to(torch.int32)
+            counts = torch.as_tensor(tokens_per_expert, device=rows.device)
+            offsets = torch.cumsum(counts, 0).to(torch.int32)
 
             def stacked(name):  # (experts, in, out) view of the (experts, out, in) Linear weights
                 return stacked_weights(self.weights(name), self.may_pack).transpose(-2, -1)
@@ -359,7 +404,9 @@ class LocalExperts:
             gate = torch._grouped_mm(rows, stacked("gate_proj"), offs=offsets)
             up = torch._grouped_mm(rows, stacked("up_proj"), offs=offsets)
             return torch._grouped_mm(F.silu(gate) * up, stacked("down_proj"), offs=offsets)
-        chunks = rows.split(tokens_per_expert.tolist())
+        if isinstance(tokens_per_expert, torch.Tensor):
+            tokens_per_expert = tokens_per_expert.tolist()
+        chunks = rows.split(tokens_per_expert)
         return torch.cat([expert(chunk) for expert, chunk in zip(self.modules, chunks, strict=True)])
 
 

@@ -377,7 +377,11 @@ def _model(settings: RunSettings, problems: list[str]) -> AdaptiveDSConfig | Non
 
     if not isinstance(settings.model, dict) or settings.preset not in PRESETS or settings.arch not in ARCHITECTURES:
         return None  # already reported
-    valid = {f.name for f in fields(AdaptiveDSConfig)}
+    if "config_version" in settings.model:
+        problems.append("model field config_version is a saved config's own (what its unset fields mean), not a "
+                        "setting: leave it out of --model")
+        return None
+    valid = {f.name for f in fields(AdaptiveDSConfig)} - {"config_version"}
     unknown = sorted(set(settings.model) - valid)
     if unknown:
         problems.append(f"unknown model field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 from dataclasses import replace
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -218,14 +219,23 @@ class Trainer:
             return self._roll_back(step)
         if action is Action.STOP and verdict.failed:
             raise TrainingStopped(verdict.reason)
-        if action is Action.STOP and verdict is not _SIGNALLED:
+        if verdict is _SIGNALLED:  # first and on its own: nothing can skip a stop that every rank agreed on
+            self._stop_on_signal(step, stop)
+        if action is Action.STOP:
             self.stopped_early = True
         elif action is not Action.RETRY_STEP and not self.metrics.unread:
             with self.clock.phase("checkpoint"):
                 self.checkpointer.maybe_save(step, self.controller.healthy)
-                if verdict is _SIGNALLED:
-                    self.checkpointer.save_on_stop(step, stop, self.controller.healthy)
         return step
+
+    def _stop_on_signal(self, step: int, stop: StopRequest) -> NoReturn:
+        """End the run at `step` for a signal: its save at the cadence, then the save of the stop and StopRequested.
+        Step losses still on the device are read first, so that the controller has judged every step it saves."""
+        with self.clock.phase("checkpoint"):
+            if self.metrics.unread:
+                self.metrics.read()  # its verdict is moot (the run stops); `healthy` holds what it found
+            self.checkpointer.maybe_save(step, self.controller.healthy)
+            self.checkpointer.save_on_stop(step, stop, self.controller.healthy)
 
     def _roll_back(self, step: int) -> int:
         """Back to the latest healthy checkpoint's weights and optimizer; the controller keeps its new knobs, the
@@ -306,7 +316,7 @@ class Trainer:
             verdict = self.controller.observe_validation(step, record["validation_loss"])
         if stopping or self.metrics.logs_at(step) or verdict.action is Action.STOP:
             applied = self.applied
-            record.update(self.metrics.window_record(step, applied, {
+            record.update(self.metrics.close_window(step, applied, {
                 "lr": self.engine.get_lr()[0], "micro_batch": applied.micro_batch,
                 "accumulation": applied.accumulation, "skipped_steps": self.engine.skipped_steps,
                 "failed_saves": self.checkpointer.failed_saves,
@@ -448,7 +458,7 @@ class Trainer:
 
     def _push_checkpoint(self, step: int) -> None:
         """The checkpointer's `on_saved` with --push_every_save: the checkpoint's weights to the Hub."""
-        staging = os.path.join(self.output_dir, "checkpoints", "hub_snapshot")
+        staging = self.checkpointer.snapshot_dir
         final.save_final(self.engine.module, self.data.tokenizer, staging, is_writer=self.rank == 0,
                          zero_stage=self.engine.zero_optimization_stage())
         if self.pusher:

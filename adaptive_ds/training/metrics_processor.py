@@ -3,7 +3,7 @@
 It owns the step losses still on the device (`pending`), the logging window (`LossWindow`), the routing window
 (`RoutingWindow`) and the progress bar, and it decides when the step losses are read: in one transfer where a
 logging window, a validation or a checkpoint needs them (`reads_at`), never once a step. Reading them is where the
-controller judges them (spikes, non-finite losses), in order; the window record (`window_record`) is where the
+controller judges them (spikes, non-finite losses), in order; closing a logging window (`close_window`) is where the
 controller sees the routing.
 """
 
@@ -120,10 +120,11 @@ class MetricsProcessor:
         self.window.restart()
 
     # records
-    def window_record(self, step: int, knobs, facts: dict) -> dict:
-        """The logging window that ends at `step`: its mean loss, speed and routing, with the engine's `facts`
-        (learning rate, split, skipped steps, failed saves); the controller sees its routing (collective: every rank
-        logs at the same steps). The routing window steers knobs only, so it asks nothing of the loop."""
+    def close_window(self, step: int, knobs, facts: dict) -> dict:
+        """Close the logging window that ends at `step`: returns its record (mean loss, speed and routing, with the
+        engine's `facts`: learning rate, split, skipped steps, failed saves), shows the controller its routing
+        (collective: every rank logs at the same steps) and starts the next window. The routing window steers knobs
+        only, so it asks nothing of the loop."""
         window = self.window
         record = {"loss": window.mean_loss(), **facts, "tokens_per_s": window.tokens_per_s(),
                   "window_s": window.busy_seconds(), **self.routing.summary()}

@@ -31,7 +31,16 @@ from torch import nn
 
 from ..models import AdaptiveDSConfig
 from ..models.expert_layout import pack
-from ..models.moe import Dispatched, MoEFeedForward, Routing, SwiGLU, TokenDispatcher
+from ..models.moe import (
+    Dispatched,
+    MoEFeedForward,
+    MoERouting,
+    Routing,
+    SwiGLU,
+    TokenDispatcher,
+    dropped_assignments,
+    router_z_loss,
+)
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -114,8 +123,10 @@ class DeepSpeedDispatcher(TokenDispatcher):
     use), kept as the baseline: DeepSpeed's GShard gating (`top1gating` / `top2gating`) of the router's logits, the
     tokens scattered into an (experts, capacity, hidden) buffer padded to capacity, a fixed-size all-to-all, and the
     gate-weighted gather back. The router's logits are those DeepSpeed's gate computes (the same jitter draws), so
-    this routes as DeepSpeed's layer does; the loss and counts the layer reports are the router's (tested equal to
-    DeepSpeed's)."""
+    this routes as DeepSpeed's layer does. It reads neither the router's top-k nor its statistics: the layer reports
+    the loss and counts of DeepSpeed's gating, with the z-loss of the logits without jitter, as the layer did when it
+    ran DeepSpeed's `MoE` forward; and it reads back from the device only the capacity, as `MOELayer.forward` does
+    (the experts' row counts follow from it)."""
 
     def __init__(self, config: AdaptiveDSConfig):
         self.k = config.num_routed_experts_per_tok  # the config allows 1 or 2 with this dispatcher
@@ -132,14 +143,19 @@ class DeepSpeedDispatcher(TokenDispatcher):
         return top2gating(logits, self.capacity_factor, self.min_capacity, self.drop_tokens, group, False, True)
 
     def dispatch(self, tokens: torch.Tensor, routing: Routing, group) -> Dispatched:
-        _, capacity, num_experts, indices, locations, gates, _ = self._gating(routing.logits, group)
-        capacity = int(capacity)
+        aux_loss, capacity, num_experts, indices, locations, gates, demand = self._gating(routing.logits, group)
+        # DeepSpeed's gating's loss and counts; the z-loss of the logits without the jitter, as before the split
+        # (DeepSpeed's gate keeps its logits to itself, so the layer recomputed them without it)
+        demand = demand.detach()
+        routing.report(MoERouting(aux_loss, router_z_loss(routing.plain_logits), demand,
+                                  dropped_assignments(demand, routing.capacity)))
+        capacity = int(capacity)  # the one read from the device, as in MOELayer.forward
         slots = _route_slots(indices, locations, num_experts, capacity)
         buffer = _sparse_encode(tokens, slots, num_experts, capacity)  # (experts, capacity, hidden)
         buffer = _AllToAll.apply(group, buffer) if self.ep_size > 1 else buffer.contiguous()
         # (ranks, local experts, capacity, hidden) as received -> rows grouped by local expert
         rows = buffer.reshape(self.ep_size, self.num_local_experts, capacity, -1).transpose(0, 1)
-        counts = torch.full((self.num_local_experts,), self.ep_size * capacity, device=tokens.device)
+        counts = [self.ep_size * capacity] * self.num_local_experts  # Python ints: no read of the device
         return Dispatched(rows.reshape(-1, tokens.shape[-1]), counts,
                           (slots, gates, tokens.shape[0], num_experts, capacity, group))
 

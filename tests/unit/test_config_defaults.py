@@ -76,3 +76,9 @@ def test_a_checkpoint_identity_from_before_config_version_still_resumes(arch):
     saved = {"arch": arch, "model": {**{k: v for k, v in current["model"].items() if k != "config_version"},
                                      "moe_eval_capacity_factor": 2.0}}
     checkpoint.check_compatible(checkpoint.with_new_model_fields(saved), current, "ckpt")
+
+
+def test_a_config_of_a_newer_config_version_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^config_version 3 is newer than this adaptive_ds reads \(2\); upgrade "
+                                         r"adaptive_ds to load it$"):
+        AdaptiveDSConfig.from_dict({"arch": "dense", "config_version": 3})

@@ -1,12 +1,15 @@
 """The MoE layer's router, dispatchers and experts against a naive per-expert loop and DeepSpeed's stock layer
 (swapped in as the trainer does, `moe_adapter`)."""
 
+import collections
+
 import pytest
 import torch
 import torch.nn.functional as F
 from deepspeed.moe.layer import MoE
 from deepspeed.moe.sharded_moe import multiplicative_jitter as deepspeed_jitter
 from helpers.common import tiny_config
+from torch.overrides import TorchFunctionMode
 
 from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.models import moe as moe_module
@@ -57,27 +60,46 @@ def test_indexed_dispatch_equals_a_naive_loop_in_outputs_and_gradients(k, groupe
     assert int(routing.expert_counts.sum()) == 30 * k and int(routing.dropped) == 0
 
 
+def _z_loss(logits: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(logits, -1).pow(2).mean()
+
+
+@pytest.mark.parametrize("jitter", [False, True])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("drop_tokens", [True, False])
-def test_both_dispatchers_equal_deepspeeds_stock_layer(k, drop_tokens):
+def test_both_dispatchers_equal_deepspeeds_stock_layer(k, drop_tokens, jitter):
     """The indexed dispatcher and DeepSpeed's dispatcher behind the same interface both give what DeepSpeed's own
-    `deepspeed.moe.layer.MoE` computes end to end (its gate, dispatch, experts and combine): outputs, counts, the
-    aux loss and gradients."""
+    `deepspeed.moe.layer.MoE` computes end to end (its gate with the same jitter draws, dispatch, experts and
+    combine): outputs, counts, the aux loss and gradients. The z-loss, which DeepSpeed's layer does not compute:
+    DeepSpeed's dispatch reports that of the logits without jitter (as the layer did when it ran DeepSpeed's `MoE`
+    forward and recomputed the logits beside it), the indexed one that of the logits it routed by."""
     # Top-1 with drops is left out: DeepSpeed picks among equal-priority tokens with topk over a 0/1 mask,
     # an order torch does not define. Top-2 drops in token order, which we reproduce exactly.
     if k == 1 and drop_tokens:
         pytest.skip("DeepSpeed's top-1 drop order is undefined")
-    options = dict(num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5, moe_min_capacity=1)
+    options = dict(num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=0.5, moe_min_capacity=1,
+                   moe_jitter=jitter)
     layer = _layer(stock=True, **options)
     x = torch.randn(2, 16, 32, requires_grad=True)
+    torch.manual_seed(7)  # each forward draws the same jitter
     indexed, indexed_routing = layer(x)
     layer.dispatcher = moe_adapter.DeepSpeedDispatcher(tiny_config("moe", num_local_experts=4, **options))
+    torch.manual_seed(7)
     deepspeed, deepspeed_routing = layer(x)
+    torch.manual_seed(7)
     stock, stock_aux, stock_counts = layer.moe(x)  # DeepSpeed's layer's own forward
     for ours, routing in ((indexed, indexed_routing), (deepspeed, deepspeed_routing)):
         torch.testing.assert_close(ours, stock, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(routing.aux_loss, stock_aux)
         assert torch.equal(routing.expert_counts, stock_counts)
+    tokens, weight = x.detach().reshape(-1, 32).float(), layer.moe.deepspeed_moe.gate.wg.weight.detach().float()
+    plain = F.linear(tokens, weight)
+    torch.manual_seed(7)
+    jittered = F.linear(deepspeed_jitter(tokens, tokens.device), weight) if jitter else plain
+    torch.testing.assert_close(deepspeed_routing.z_loss, _z_loss(plain))
+    torch.testing.assert_close(indexed_routing.z_loss, _z_loss(jittered))
+    if jitter:  # the jitter case tells the two apart
+        assert not torch.allclose(_z_loss(plain), _z_loss(jittered), rtol=1e-5, atol=0)
     params = [x, *layer.parameters()]
     g_stock = torch.autograd.grad(stock.sum(), params, allow_unused=True)
     for ours in (indexed, deepspeed):
@@ -85,6 +107,43 @@ def test_both_dispatchers_equal_deepspeeds_stock_layer(k, drop_tokens):
                         strict=True):
             if a is not None and b is not None:
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts the calls of a forward that read the device back to the host: `tolist`, `item`, `__int__`, and
+    `bincount` (whose output size depends on its input's values, so it waits for the device)."""
+
+    NAMES = ("bincount", "tolist", "item", "__int__")
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES:
+            self.calls[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+# The same count, by the same layer forward, at fccbcd0 (before the router / dispatcher / experts split, when the
+# layer ran DeepSpeed's `MoE` forward for "deepspeed"): indexed {bincount: 3, tolist: 1} (the routing's demand, kept
+# counts and first choices; the per-expert split), deepspeed {__int__: 1} (the capacity `MOELayer.forward` reads),
+# alike for top-1 and top-2, with and without drops and jitter.
+BEFORE_THE_SPLIT = {"indexed": {"bincount": 3, "tolist": 1}, "deepspeed": {"__int__": 1}}
+
+
+@pytest.mark.parametrize("jitter", [False, True])
+@pytest.mark.parametrize("drop_tokens", [True, False])
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("dispatch", ["indexed", "deepspeed"])
+def test_a_training_forward_reads_the_device_back_no_more_than_before_the_split(dispatch, k, drop_tokens, jitter):
+    layer = _layer(stock=True, num_experts_per_tok=k, moe_drop_tokens=drop_tokens, moe_capacity_factor=1.0,
+                   moe_min_capacity=1, moe_jitter=jitter, moe_dispatch=dispatch)
+    x = torch.randn(2, 16, 32)
+    with _HostReads() as reads:
+        layer(x)
+    assert dict(reads.calls) == BEFORE_THE_SPLIT[dispatch]
 
 
 def test_capacity_drops_exactly_the_later_tokens_and_second_choices():

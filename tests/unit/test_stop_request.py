@@ -3,6 +3,7 @@ boundary and the same command resumes; past the grace period or on unhealthy wei
 checkpoint; a second signal stops it at once only once the grace period has passed."""
 
 import json
+import re
 import signal
 
 import pytest
@@ -128,3 +129,42 @@ def test_the_agreements_own_group_waits_no_longer_than_the_runs_collectives(monk
     monkeypatch.setattr(stop.dist, "new_group", lambda **kwargs: made.append(kwargs))
     stop.StopRequest(grace_s=30, timeout_s=120)
     assert made == [{"backend": "gloo", "timeout": timedelta(seconds=120)}]
+
+
+class _Unread:
+    """The metrics with a step loss still on the device; reading it tells the controller."""
+
+    def __init__(self, controller):
+        self.unread, self.controller = True, controller
+
+    def read(self):
+        self.unread, self.controller.healthy = False, self.controller.judged
+        return loop.CONTINUE
+
+
+@pytest.mark.parametrize("judged, line", [(True, "saved"), (False, "without a checkpoint there (its loss is not "
+                                                                   "healthy)")])
+def test_an_agreed_stop_ends_the_run_even_with_a_step_loss_unread_and_judges_it_before_saving(judged, line):
+    """A stop that every rank agreed on ends the run whatever else holds (here a loss still on the device, which the
+    cadence's save waits for): the loss is read first, and the weights are saved only where it was healthy."""
+    from types import SimpleNamespace
+
+    from adaptive_ds.training.metrics import PhaseClock
+
+    calls = []
+    controller = SimpleNamespace(healthy=None, judged=judged)
+
+    def save_on_stop(step, stop, healthy):
+        calls.append(("save_on_stop", step, healthy))
+        raise StopRequested(f"stopped at step {step}, {'saved' if healthy else line}", stop.signum)
+
+    checkpointer = SimpleNamespace(maybe_save=lambda step, healthy: calls.append(("maybe_save", step, healthy)),
+                                   save_on_stop=save_on_stop)
+    trainer = SimpleNamespace(metrics=_Unread(controller), controller=controller, checkpointer=checkpointer,
+                              clock=PhaseClock())
+    trainer._stop_on_signal = lambda step, stop: loop.Trainer._stop_on_signal(trainer, step, stop)
+    stop = StopRequest(grace_s=30)
+    stop.signum = signal.SIGTERM
+    with pytest.raises(StopRequested, match=re.escape(line)):
+        loop.Trainer._handle(trainer, loop._SIGNALLED, 7, stop)
+    assert calls == [("maybe_save", 7, judged), ("save_on_stop", 7, judged)] and not trainer.metrics.unread

@@ -94,10 +94,11 @@ class Checkpointer:
                  progress: Progress | None = None, on_saved: Callable[[int], None] | None = None,
                  amend_record: Callable[[int, dict], None] | None = None):
         self.engine, self.states, self.identity, self.tokenizer = engine, states, identity, tokenizer
-        self.output_dir, self.resume_tag, self.rerun = resume.output_dir, resume.tag, resume.rerun
+        self.output_dir, self.resume_tag = resume.output_dir, resume.tag
         self.save_steps, self.keep_last, self.max_steps = save_steps, keep_last, max_steps
         self.max_failed_saves, self.stop_grace_s = max_failed_saves, stop_grace_s
         self.progress = progress or Progress()
+        self.progress.rerun = resume.rerun  # the one copy this run's lines read (`rerun`), its own and __main__'s
         self.on_saved, self.amend_record = on_saved, amend_record
         self.pending = False  # a boundary met unhealthy weights: the save is owed
         self.last_saved: int | None = None
@@ -106,7 +107,13 @@ class Checkpointer:
         if distributed.rank() == 0:
             storage.write_json(os.path.join(self.output_dir, IDENTITY), identity)
 
-    # where the run starts
+    @property
+    def rerun(self) -> str:
+        """How the run's lines say to continue it (`Progress.rerun`, which `open` decided)."""
+        return self.progress.rerun
+
+    # where the run starts; `run_identity` (what a run is, checkpoint/identity.py) is reached here, so that the loop
+    # reaches checkpointing through this one class (tests/unit/test_checkpoint.py holds it)
     run_identity = staticmethod(run_identity)
 
     @staticmethod
@@ -146,6 +153,12 @@ class Checkpointer:
         return Resume(path, tag, check_resumable(path, tag, identity), rerun)
 
     # saves
+    @property
+    def snapshot_dir(self) -> str:
+        """Where an `on_saved` callback stages what it exports of the checkpoint just saved (the Hub push's weights):
+        beside the checkpoints, where neither pruning nor a resume takes it for one (it is not a step<N> tag)."""
+        return os.path.join(storage.checkpoint_root(self.output_dir), "hub_snapshot")
+
     def boundary(self, step: int) -> bool:
         """Whether `step` is a save boundary, or a save is owed (the loop reads the step losses there)."""
         return self.pending or bool(self.save_steps and step % self.save_steps == 0 and step < self.max_steps)
@@ -226,12 +239,13 @@ class Checkpointer:
         by name."""
         shared, own = {}, {}
         for name, state in self.states.items():
-            if name in _TOP_LEVEL:
-                shared.update(state.state_dict())
-            elif name in _PER_RANK:
+            if name in _PER_RANK:
                 own[name] = state.state_dict()
-            else:
-                shared[name] = state.state_dict()
+                continue
+            part = state.state_dict() if name in _TOP_LEVEL else {name: state.state_dict()}
+            clash = shared.keys() & part.keys()  # run.json is one dict: a state would overwrite another's key
+            assert not clash, f"state {name!r} writes run.json keys another state writes: {sorted(clash)}"
+            shared.update(part)
         return shared, own
 
     def _state_of(self, name: str, saved: dict, tag: str):
