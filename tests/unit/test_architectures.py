@@ -4,6 +4,7 @@ the trainer and the tools, each checked against what the architecture is written
 import pytest
 import torch
 from helpers.common import tiny_config
+from helpers.own_mlp import GELUMLP, own_mlp_parameters
 from torch import nn
 
 from adaptive_ds.flops import training_flops_per_token
@@ -94,16 +95,6 @@ def test_only_a_plain_swiglu_model_upcycles_into_experts():
     assert not ArchitectureSpec("own", mlp=nn.Identity).upcycles_into(moe)  # its MLPs are not SwiGLU experts
 
 
-class ReLUMLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, hidden_states):
-        return self.down_proj(torch.relu(self.up_proj(hidden_states)))
-
-
 @pytest.fixture
 def registered():
     """Registers a spec for the test, and removes it after."""
@@ -118,10 +109,10 @@ def registered():
 
 
 def test_an_architecture_with_its_own_mlp_builds_it_and_counts_it(registered):
-    registered(ArchitectureSpec("relu", mlp=ReLUMLP, mlp_parameters=lambda c: 2 * c.hidden_size * c.intermediate_size))
+    registered(ArchitectureSpec("relu", mlp=GELUMLP, mlp_parameters=own_mlp_parameters))
     config = tiny_config("relu")
     model = AdaptiveDSForCausalLM(config)
-    assert [type(layer.mlp) for layer in model.model.layers] == [ReLUMLP] * config.num_hidden_layers
+    assert [type(layer.mlp) for layer in model.model.layers] == [GELUMLP] * config.num_hidden_layers
     assert parameter_counts(config).total == sum(p.numel() for p in model.parameters())
     assert model.default_knobs() == {"aux_coef": None, "mod_capacity": None} and config.zero3_problem is None
     assert type(AdaptiveDSForCausalLM(tiny_config("dense")).model.layers[0].mlp) is SwiGLU

@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers.architecture_branches import architecture_branches
 from helpers.common import tiny_config
+from helpers.own_mlp import GELUMLP
 from helpers.pretrained_folders import llama_folder, perturbed
 from safetensors.torch import load_file
-from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -174,18 +174,6 @@ def test_the_upcycling_rules_name_which_source_starts_which_architecture():
     assert [arch for arch in ARCHITECTURES if copies_experts("dense", arch)] == ["moe", "hybrid"]
     assert not copies_experts("moe", "moe")
     assert "moe_expert_granularity" in fixed_fields("moe") and "moe_expert_granularity" not in fixed_fields("dense")
-
-
-class GELUMLP(nn.Module):
-    """An MLP of its own (no gate_proj): what a Llama's SwiGLU weights cannot start."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, hidden_states):
-        return self.down_proj(nn.functional.gelu(self.up_proj(hidden_states)))
 
 
 @pytest.fixture
