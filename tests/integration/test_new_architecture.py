@@ -18,34 +18,16 @@ import sys
 import pytest
 from helpers.common import DEBUG_CPU, ROOT
 
-TOY_MODULE = '''\
-"""The toy architecture's MLP: down(gelu(up(x))), without SwiGLU's gate."""
-
-import torch.nn.functional as F
-from torch import nn
-
-
-class GELUMLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, hidden_states):
-        return self.down_proj(F.gelu(self.up_proj(hidden_states)))
-
-
-def gelu_mlp_parameters(config) -> int:
-    return 2 * config.hidden_size * config.intermediate_size
-'''
+# the MLP of its own the unit tests register too: a module that imports torch only, as models/ files must
+TOY_MODULE = (ROOT / "tests" / "helpers" / "own_mlp.py").read_text()
 
 TOY_SPEC = '''
-from .toy import GELUMLP, gelu_mlp_parameters  # noqa: E402
+from .toy import GELUMLP, own_mlp_parameters  # noqa: E402
 
 register_architecture(ArchitectureSpec("gelu", "dense with a GELU MLP", mlp=GELUMLP,
-                                       mlp_parameters=gelu_mlp_parameters))
+                                       mlp_parameters=own_mlp_parameters))
 register_architecture(ArchitectureSpec("toy", "MoD routing around a GELU MLP", mod=True, mlp=GELUMLP,
-                                       mlp_parameters=gelu_mlp_parameters, unrouted="gelu"))
+                                       mlp_parameters=own_mlp_parameters, unrouted="gelu"))
 '''
 
 TOY_VARIANTS = ('VARIANTS["gelu"] = ArchVariant("gelu", about="dense with a GELU MLP")\n'
