@@ -203,10 +203,13 @@ def write_benchmarks(path: str) -> None:
     replace_section(path, "plan:projections", projections_markdown(), "Projections (planner, not measurements)")
 
 
-def format_plan(p: Plan, advice: list = ()) -> str:
-    """The CLI's report of a plan and, when it does not run, the advice (`plan_advice.Advice`) of what does."""
+def format_plan(p: Plan, advice: list = (), init_from: str | None = None) -> str:
+    """The CLI's report of a plan and, when it does not run, the advice (`plan_advice.Advice`) of what does
+    (`init_from`: the pretrained folder the model starts from)."""
+    model = p.preset if init_from is None else f"{init_from} (preset {p.preset or 'none'})"
     lines = [
-        f"{p.preset} {p.arch} on {p.gpus} x {p.gpu} (projection from the planner's model, not a measurement)",
+        f"{model} {p.arch} on {p.gpus} x {p.gpu}, seq {p.seq_len} (projection from the planner's model, not a "
+        "measurement)",
         f"  parameters: {p.total_parameters:,} total, {p.active_parameters:,} active",
         f"  model states per GPU: {p.model_states_gib:.2f} GiB; in CPU RAM (offload): {p.cpu_states_gib:.2f} GiB",
         f"  activations per GPU: {p.activations_without_checkpointing_gib:.2f} GiB without checkpointing, "
@@ -260,9 +263,10 @@ def main(argv: list[str] | None = None) -> None:
             return
     except FileNotFoundError as error:
         raise SystemExit(f"error: {error}") from None
+    seq_len = None  # the preset's
     if args.init_from and args.gpu:
-        args.preset, args.vocab_size, init_model = _init_from(args.init_from, args.arch, args.preset)
-    if not args.preset or not args.gpu:
+        args.preset, args.vocab_size, init_model, seq_len = init_from_model(args.init_from, args.arch, args.preset)
+    elif not args.preset or not args.gpu:
         p.error("--preset (or --init_from) and --gpu are required (or --validate)")
     try:
         raw = ds_config_reader.load(args.ds_config) if args.ds_config else {
@@ -270,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.init_from:  # what the folder fixes, under the block's own model overrides
             block = raw.get("adaptive_ds", {})
             raw = {**raw, "adaptive_ds": {**block, "model": {**init_model, **block.get("model", {})}}}
-        options = dict(tokens=args.tokens, mfu=args.mfu, price=args.price, vocab_size=args.vocab_size)
+        options = dict(tokens=args.tokens, mfu=args.mfu, price=args.price, vocab_size=args.vocab_size,
+                       seq_len=seq_len)
         result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, **options)
         advice = advise(args.preset, args.arch, args.gpu, raw, args.gpus, **options)
     except ValueError as error:  # a ConfigError, or a model configuration the preset cannot take
@@ -279,33 +284,32 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({**asdict(result), "runs": result.runs, "advice": [
             {"text": item.text, "gpus": item.gpus, "ds_config": item.ds_config} for item in advice]}, indent=2))
     else:
-        print(format_plan(result, advice))
+        print(format_plan(result, advice, args.init_from))
     if not math.isfinite(result.peak_gib):
         raise SystemExit("error: the plan is not finite")
 
 
-def _init_from(name: str, arch: str, preset: str | None) -> tuple[str, int, dict]:
-    """The preset, vocabulary and model overrides of the model a run --init_from `name` as `arch` trains."""
+def init_from_model(name: str, arch: str, preset: str | None) -> tuple[str | None, int, dict, int]:
+    """The preset (None where no preset has the folder's shape and none is named), vocabulary, model overrides and
+    sequence length of the model a run --init_from `name` as `arch` trains: the model comes from the folder, through
+    its family (`pretrained.Source`), whatever its shape."""
     from .. import pretrained
-    from ..models.upcycling import SHAPE_FIELDS, STRUCTURAL_FIELDS
+    from ..models.upcycling import STRUCTURAL_FIELDS
 
     try:
         source = pretrained.Source.open(name, weights=False)  # the config is all a plan reads
         problems = source.arch_problems(arch, {})
+        preset = preset or source.matching_preset()
+        if preset is not None and source.preset_conflicts(preset):
+            problems.append(f"preset {preset} contradicts init_from {name!r} on "
+                            f"{', '.join(source.preset_conflicts(preset))}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        config = source.model_config(arch, preset, source.config.vocab_size)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
-    preset = preset or source.matching_preset()
-    if preset is None:
-        raise SystemExit(f"error: init_from {name!r} has the shape of no preset ({source.shape()}); the planner plans "
-                         f"a preset's shape: {', '.join(PRESETS)}")
-    problems += [f"preset {preset} contradicts init_from {name!r} on {', '.join(source.preset_conflicts(preset))}"
-                 ] if source.preset_conflicts(preset) else []
-    if problems:
-        raise SystemExit(f"error: {'; '.join(problems)}")
-    config = source.model_config(arch, preset, source.config.vocab_size)
-    fixed = [k for k in STRUCTURAL_FIELDS if k not in (*SHAPE_FIELDS, "vocab_size")]
-    return preset, source.config.vocab_size, {k: getattr(config, k) for k in fixed}
-
+    fixed = {*source.fields, *STRUCTURAL_FIELDS} - {"vocab_size"}
+    return preset, source.config.vocab_size, {k: getattr(config, k) for k in sorted(fixed)}, source.seq_len(preset)
 
 if __name__ == "__main__":
     main()

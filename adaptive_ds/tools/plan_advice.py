@@ -55,11 +55,12 @@ class Advice:
         return "; ".join(self.changes) + f" -> {result}"
 
 
-def advised_config(ds_config: dict, preset: str, arch: str, gpus: int, micro_batch: int | None = None,
+def advised_config(ds_config: dict, preset: str | None, arch: str, gpus: int, micro_batch: int | None = None,
                    checkpointing: bool | None = None, offload: bool = False, zero_stage: int | None = None,
                    model: dict | None = None) -> dict | None:
     """`ds_config` with the advised changes, self-contained: its adaptive_ds block names `preset`, `arch`, the
-    model overrides and checkpointing, and train_batch_size = micro-batch x accumulation x `gpus`. A config that
+    model overrides and checkpointing (no preset where `preset` is None: a pretrained folder's model of no preset's
+    shape), and train_batch_size = micro-batch x accumulation x `gpus`. A config that
     fixes its global batch keeps it (None where `gpus` x the micro-batch does not divide it); one that does not
     keeps its rows per GPU per step."""
     layout = ds_config_reader.read(ds_config)
@@ -70,7 +71,11 @@ def advised_config(ds_config: dict, preset: str, arch: str, gpus: int, micro_bat
         return None
     config = copy.deepcopy(ds_config)
     block = config.setdefault("adaptive_ds", {})
-    block.update(preset=preset, arch=arch)
+    block.update(arch=arch)
+    if preset is None:
+        block.pop("preset", None)
+    else:
+        block["preset"] = preset
     if checkpointing is not None:
         block["activation_checkpointing"] = checkpointing
     if model:
@@ -92,7 +97,7 @@ def advised_config(ds_config: dict, preset: str, arch: str, gpus: int, micro_bat
 class _Start:
     """The plan that does not run, and what the advice may change about it."""
 
-    preset: str
+    preset: str | None
     arch: str
     gpu: str
     ds_config: dict
@@ -237,7 +242,10 @@ def _parameters(n: int) -> str:
 
 
 def _smaller_preset(start: _Start) -> Advice | None:
-    """The largest smaller preset that fits, in the same architecture and model overrides."""
+    """The largest smaller preset that fits, in the same architecture and model overrides; none for a model of no
+    preset (a pretrained folder's shape is its own)."""
+    if start.preset is None:
+        return None
     vocab, overrides = start.options.get("vocab_size", 32000), start.ds_config.get("adaptive_ds", {}).get("model")
     sizes = {name: model_facts(name, start.arch, vocab, overrides).counts.total for name in PRESETS}
     smaller = sorted((name for name in PRESETS if sizes[name] < sizes[start.preset]), key=sizes.get, reverse=True)
@@ -246,7 +254,8 @@ def _smaller_preset(start: _Start) -> Advice | None:
         **settings))
 
 
-def advise(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int | None = None, **options) -> list[Advice]:
+def advise(preset: str | None, arch: str, gpu: str, ds_config: dict, gpus: int | None = None,
+           **options) -> list[Advice]:
     """What runs instead of the plan of `ds_config` (`plan_ds_config`'s arguments), none if it runs: on the same
     GPUs with the savings it has not taken; on more GPUs; with fewer or finer experts; as a smaller preset. Each is
     the least change of its kind that runs: planned again, its config fits the GPU and the usual host, and never
@@ -255,7 +264,8 @@ def advise(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int | None =
     if base.runs:
         return []
     block = ds_config.get("adaptive_ds", {})
-    model = model_facts(preset, arch, options.get("vocab_size", 32000), block.get("model")).config
+    model = model_facts(preset, arch, options.get("vocab_size", 32000), block.get("model"),
+                        options.get("seq_len")).config
     layout = ds_config_reader.read(ds_config)
     fixes = (((f"ZeRO stage 2 ({model.zero3_problem})", {"zero_stage": 2}),)
              if model.zero3_problem is not None and layout.zero_stage == 3 else ())

@@ -35,7 +35,8 @@ from ..ds_config import ConfigError
 from ..flops import training_flops_per_token
 from ..hardware import DEVICES
 from ..models.configuration import AdaptiveDSConfig
-from ..presets import PRESETS, ParameterCounts, block_parameters, model_config, parameter_counts
+from ..models.upcycling import SHAPE_FIELDS
+from ..presets import PRESETS, VARIANTS, ParameterCounts, block_parameters, model_config, pad_vocab, parameter_counts
 
 GIB = 2**30
 
@@ -64,18 +65,25 @@ def expert_parameters(config: AdaptiveDSConfig) -> int:
                                                           range(config.num_hidden_layers)))
 
 
-def model_state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int) -> tuple[float, float]:
+def model_state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int,
+                      optimizer_step: bool = True) -> tuple[float, float]:
     """(GPU bytes, CPU bytes) of weights, gradients and optimizer states on one rank, for `total` parameters of which
     `experts` are split over `ep_size` ranks.
 
     Per parameter: the weights and their gradients in the training precision; DeepSpeed's ZeRO optimizer then
     keeps an fp32 master copy, an fp32 gradient partition and Adam's two moments (16 bytes), whatever the
-    precision. Without ZeRO, fp32 training keeps only Adam's moments beside the weights.
+    precision. Without ZeRO, fp32 training keeps only Adam's moments beside the weights. `optimizer_step` False:
+    before the first step, when DeepSpeed has made its fp32 master copy (at initialisation) but neither the gradient
+    partition nor Adam's moments (torch's Adam makes them at its first step): 4 bytes of optimizer state.
     """
     # (parameters on this rank, ranks sharing their ZeRO partitions)
     groups = [(total - experts, gpus), (experts / ep_size, max(1, gpus // ep_size))]
     w = g = 2 if layout.half_precision else 4
-    opt = 16 if layout.zero_stage >= 1 or layout.half_precision else 8
+    zero_copy = layout.zero_stage >= 1 or layout.half_precision
+    if optimizer_step:
+        opt = 16 if zero_copy else 8
+    else:
+        opt = 4 if zero_copy else 0
     gpu = cpu = 0.0
     for params, dp in groups:
         gpu += params * w / (dp if layout.zero_stage >= 3 else 1)
@@ -132,20 +140,42 @@ class ModelFacts:
     flops_per_token: float
 
 
+def planned_config(preset: str | None, arch: str, vocab_size: int, overrides: dict) -> AdaptiveDSConfig:
+    """The model of `preset` in `arch` with `overrides`; without a preset (a pretrained folder of no preset's shape),
+    the model the overrides describe, which must then name its shape."""
+    if preset is not None:
+        return model_config(preset, arch, vocab_size, **overrides)
+    missing = [name for name in SHAPE_FIELDS if name not in overrides]
+    if missing:
+        raise ValueError(f"a model of no preset needs its shape: {', '.join(missing)} missing")
+    return AdaptiveDSConfig(**{"arch": arch, "vocab_size": pad_vocab(vocab_size), **VARIANTS[arch].model, **overrides})
+
+
 @lru_cache(maxsize=512)
-def _model_facts(preset: str, arch: str, vocab_size: int, overrides_json: str) -> ModelFacts:
-    config = model_config(preset, arch, vocab_size, **json.loads(overrides_json))
+def _model_facts(preset: str | None, arch: str, vocab_size: int, overrides_json: str, seq_len: int) -> ModelFacts:
+    config = planned_config(preset, arch, vocab_size, json.loads(overrides_json))
     return ModelFacts(config, parameter_counts(config), expert_parameters(config),
-                      training_flops_per_token(config, PRESETS[preset].seq_len))
+                      training_flops_per_token(config, seq_len))
 
 
-def model_facts(preset: str, arch: str, vocab_size: int, overrides: dict | None = None) -> ModelFacts:
-    return _model_facts(preset, arch, vocab_size, json.dumps(overrides or {}, sort_keys=True))
+def model_facts(preset: str | None, arch: str, vocab_size: int, overrides: dict | None = None,
+                seq_len: int | None = None) -> ModelFacts:
+    """`seq_len`: the sequence the FLOPs are counted at (default: the preset's)."""
+    return _model_facts(preset, arch, vocab_size, json.dumps(overrides or {}, sort_keys=True),
+                        _seq_len(preset, seq_len))
+
+
+def _seq_len(preset: str | None, seq_len: int | None) -> int:
+    if seq_len is not None:
+        return seq_len
+    if preset is None:
+        raise ValueError("a model of no preset needs its seq_len")
+    return PRESETS[preset].seq_len
 
 
 @dataclass
 class Plan:
-    preset: str
+    preset: str | None  # None: a pretrained model of no preset's shape (`plan`'s model_overrides hold its shape)
     arch: str
     gpu: str
     gpus: int
@@ -169,6 +199,8 @@ class Plan:
     hours: float
     cost_usd: float
     price_per_gpu_hour: float
+    seq_len: int
+    optimizer_step: bool  # False: the peak of a forward and backward pass before any optimizer step
 
     @property
     def runs(self) -> bool:
@@ -184,21 +216,26 @@ class Plan:
 def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, tokens: int | None = None,
          mfu: float = 0.35, price: float | None = None, vocab_size: int = 32000,
          activation_checkpointing: bool = False, model_overrides: dict | None = None,
-         cpu_process: bool = False, host_memory_gib: float | None = None) -> Plan:
+         cpu_process: bool = False, host_memory_gib: float | None = None, seq_len: int | None = None,
+         optimizer_step: bool = True) -> Plan:
     """`cpu_process`: predict a CPU process's peak resident memory instead of a GPU allocator's peak. It adds the
     copy of the weights that exists while DeepSpeed flattens them into its contiguous buffer (a GPU allocator frees
     it before the training peak, but the C allocator keeps it in the process) and the temporaries of torch's AdamW
     step, the CPU's optimizer (`_torch_adam_step_bytes`). `host_memory_gib`: the CPU RAM
-    per GPU of the machine (default: the usual instance with that GPU, `adaptive_ds/hardware.py`)."""
-    seq_len = PRESETS[preset].seq_len
-    model = model_facts(preset, arch, vocab_size, model_overrides)
+    per GPU of the machine (default: the usual instance with that GPU, `adaptive_ds/hardware.py`). `preset` None:
+    a model of no preset's shape, which `model_overrides` then describe, at `seq_len` (default: the preset's).
+    `optimizer_step` False: the peak of a forward and backward pass before the first optimizer step
+    (`model_state_bytes`)."""
+    seq_len = _seq_len(preset, seq_len)
+    model = model_facts(preset, arch, vocab_size, model_overrides, seq_len)
     config, counts = model.config, model.counts
     layout = Layout.from_ds_config(ds_config, activation_checkpointing)
     ep_size = config.expert_parallel_size
-    states_gpu, states_cpu = model_state_bytes(counts.total, model.experts, ep_size, layout, gpus)
+    states_gpu, states_cpu = model_state_bytes(counts.total, model.experts, ep_size, layout, gpus, optimizer_step)
     if cpu_process:
-        states_gpu += counts.total * (2 if layout.half_precision else 4) + _torch_adam_step_bytes(
-            counts.total, model.experts, ep_size, layout, gpus)
+        states_gpu += counts.total * (2 if layout.half_precision else 4)
+        if optimizer_step:
+            states_gpu += _torch_adam_step_bytes(counts.total, model.experts, ep_size, layout, gpus)
     without = activation_bytes(config, layout, seq_len, checkpointing=False)
     with_ckpt = activation_bytes(config, layout, seq_len, checkpointing=True)
     activations = with_ckpt if activation_checkpointing else without
@@ -220,7 +257,8 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
                 host_memory_gib=host, problems=_problems(config, layout, gpus, gpu, states_cpu / GIB, host),
                 flops_per_token=model.flops_per_token,
                 tokens_per_s_bound=bound, tokens_per_s_projected=projected, mfu=mfu, tokens=tokens, hours=hours,
-                cost_usd=hours * gpus * price, price_per_gpu_hour=price)
+                cost_usd=hours * gpus * price, price_per_gpu_hour=price, seq_len=seq_len,
+                optimizer_step=optimizer_step)
 
 
 def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, gpu: str, cpu_gib: float,
