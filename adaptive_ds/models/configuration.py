@@ -174,7 +174,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
         if self.arch not in ARCH_SPECS:
             found.append(f"arch {self.arch!r} is not one of {', '.join(ARCH_SPECS)}")
         # (heads of another width than hidden / heads need an explicit head_dim)
-        if self.hidden_size % self.num_attention_heads and self.head_dim == self.hidden_size // self.num_attention_heads:
+        quotient = self.hidden_size // self.num_attention_heads
+        if self.hidden_size % self.num_attention_heads and self.head_dim == quotient:
             found.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                          f"{self.num_attention_heads}")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -141,7 +141,8 @@ class Assignments:
 
 
 def route(logits: torch.Tensor, k: int, capacity: int | None, bias: torch.Tensor | None = None,
-          renormalize_top1: bool = False, renormalize: bool = True) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
+          renormalize_top1: bool = False,
+          renormalize: bool = True) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
     """Top-k routing of `logits` (tokens, experts) with DeepSpeed's priorities; `capacity` None is dropless.
 
     `bias` (experts,): added to the gate probabilities to choose the top-k experts (and their order, so their
@@ -172,7 +173,7 @@ def route(logits: torch.Tensor, k: int, capacity: int | None, bias: torch.Tensor
         kept = slot < capacity
         order = order[kept[order]]
         gate = gate * kept
-    if k > 1 and renormalize:  # renormalise over each token's kept choices (a fully dropped token gets no expert output)
+    if k > 1 and renormalize:  # renormalise over the kept choices (a fully dropped token gets no expert output)
         total = gate.view(k, num_tokens).sum(0).clamp_min(torch.finfo(gate.dtype).eps)
         gate = gate / total.repeat(k)
     elif renormalize_top1:  # (g - g) + 1: exactly 1 where kept, 0 where dropped, the gradient g's

@@ -119,7 +119,8 @@ def test_features_off_add_no_parameter_and_draw_no_random_number():
                                                       attention_qkv_bias=False, qk_norm=False))
     assert torch.rand(1) == after_plain
     assert plain.state_dict().keys() == explicit.state_dict().keys()
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), explicit.state_dict().values()))
+    pairs = zip(plain.state_dict().values(), explicit.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
 
 
 @pytest.mark.parametrize("fields, message", [
