@@ -144,3 +144,20 @@ def test_a_plan_before_the_first_step_holds_the_master_copy_but_no_adam_moments(
                     activation_checkpointing=False)
     assert model_state_bytes(1000, 0, 1, layout, 1, optimizer_step=False) == (12_000, 0)
     assert model_state_bytes(1000, 0, 1, layout, 1) == (24_000, 0)
+
+
+@pytest.mark.parametrize("name", sorted(CARDS))
+def test_plan_init_from_answers_for_each_published_model_at_real_size(name, tmp_path, capsys):
+    """A folder with the published config (the planner reads the config only): the plan is that model, as many
+    parameters as transformers' own class holds (tied embeddings once, Qwen2's biases), at the run's seq_len, and it
+    answers for a T4: a fit, or what runs instead."""
+    from adaptive_ds.tools.plan import main as plan_main
+
+    (tmp_path / "config.json").write_text(published_configs()[name].read_text())
+    plan_main(["--init_from", str(tmp_path), "--gpu", "t4", "--json"])
+    planned = json.loads(capsys.readouterr().out)
+    with torch.device("meta"):
+        stock = AutoModelForCausalLM.from_config(_model_config(published_configs()[name]))
+    assert planned["total_parameters"] == _parameters(stock) and planned["preset"] is None
+    assert planned["seq_len"] == 2048  # max_position_embeddings up to the longest preset's
+    assert planned["runs"] or planned["advice"]
