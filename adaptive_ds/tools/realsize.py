@@ -159,15 +159,28 @@ def _folder_facts(folder: Path) -> dict:
             "largest_tensor": largest[0], "largest_tensor_numel": largest[1]}
 
 
-def measure_model(config_path: Path, work: Path, seq_len: int, seed: int) -> dict:
+def wait_for_memory(needed_gib: float, wait_s: float, poll_s: float = 30.0) -> None:
+    """Return once the machine has `needed_gib` available (other processes' memory would distort the peak, or end the
+    measurement out of memory); after `wait_s` seconds without it, end the benchmark in one line."""
+    deadline = time.monotonic() + wait_s
+    while (available := psutil.virtual_memory().available / GIB) < needed_gib:
+        if time.monotonic() >= deadline:
+            raise SystemExit(f"error: the measurement needs about {needed_gib:.1f} GiB of memory and {available:.1f} "
+                             "GiB are available: run it alone, or pass --wait SECONDS to wait for the memory")
+        time.sleep(poll_s)
+
+
+def measure_model(config_path: Path, work: Path, seq_len: int, seed: int, wait_s: float = 0.0) -> dict:
     """Build (or reuse) the folder of the model `config_path` describes, then measure it: with an optimizer step
-    where the planner projects the step within this machine's memory, else forward and backward only."""
+    where the planner projects the step within this machine's memory, else forward and backward only. It waits up to
+    `wait_s` seconds for the memory the planner projects (and a margin) to be available."""
     folder = ensure_folder(config_path, work, seed)
     machine_gib = psutil.virtual_memory().total / GIB
     planned = projection(folder, seq_len, optimizer_step=True)
     step = planned["projected_step_gib"] < 0.9 * machine_gib
     if not step:
         planned = projection(folder, seq_len, optimizer_step=False)
+    wait_for_memory(1.05 * planned["projected_gib"] + 1.0, wait_s)  # the process's runtime, and a margin
     measured = _measure(folder, seq_len, *(() if step else ("--no_step",)))
     before = measured["rss_before_model"]
     phases = {k: (v - before) / GIB for k, v in measured["phases"].items()}
@@ -182,7 +195,7 @@ def measure_model(config_path: Path, work: Path, seq_len: int, seed: int) -> dic
             "measured_gib": max(phases.values()), "phases_gib": phases, **planned}
 
 
-def run_benchmark(configs: dict[str, Path], work: Path, seq_len: int, seed: int = 0) -> dict:
+def run_benchmark(configs: dict[str, Path], work: Path, seq_len: int, seed: int = 0, wait_s: float = 0.0) -> dict:
     """`configs`: the config.json of each model by its name (the published ones: `published_configs`)."""
     import deepspeed
     import torch
@@ -190,7 +203,7 @@ def run_benchmark(configs: dict[str, Path], work: Path, seq_len: int, seed: int 
 
     command = (f"python -m adaptive_ds.tools.realsize --models {' '.join(configs)} --seq_len {seq_len}"
                + (f" --seed {seed}" if seed else ""))
-    models = {name: measure_model(path, work, seq_len, seed) for name, path in configs.items()}
+    models = {name: measure_model(path, work, seq_len, seed, wait_s) for name, path in configs.items()}
     return {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(), "command": command,
             "torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
             "machine_memory_gib": psutil.virtual_memory().total / GIB, "ds_config": f"ds_configs/{ENGINE}",
@@ -258,6 +271,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq_len", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--work", default="runs/realsize", help="folder of the built model folders (reused)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to this long for the memory a measurement needs (default: refuse at once)")
     p.add_argument("--build", nargs=2, metavar=("CONFIG_JSON", "FOLDER"),
                    help="instead: build one folder of the config (random weights, embedded tokenizer) and stop")
     add_publish_arguments(p, "realsize_cpu.json")
@@ -280,7 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         p.error(str(error))
     published = published_configs()
-    report = run_benchmark({name: published[name] for name in args.models}, Path(args.work), args.seq_len, args.seed)
+    report = run_benchmark({name: published[name] for name in args.models}, Path(args.work), args.seq_len, args.seed,
+                           args.wait)
     print(markdown(report))
     print(f"report: {write_report(args.out or args.work, KEY, report)}")
     if args.benchmarks_md:

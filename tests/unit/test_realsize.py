@@ -161,3 +161,17 @@ def test_plan_init_from_answers_for_each_published_model_at_real_size(name, tmp_
     assert planned["total_parameters"] == _parameters(stock) and planned["preset"] is None
     assert planned["seq_len"] == 2048  # max_position_embeddings up to the longest preset's
     assert planned["runs"] or planned["advice"]
+
+
+def test_a_measurement_without_the_memory_it_needs_is_refused_in_one_line(monkeypatch):
+    import psutil
+
+    from adaptive_ds.tools import realsize
+
+    short = psutil.virtual_memory()._replace(available=2**30)
+    monkeypatch.setattr(realsize.psutil, "virtual_memory", lambda: short)
+    with pytest.raises(SystemExit, match=r"^error: the measurement needs about 20.0 GiB .* 1.0 GiB are available: "
+                                         r"run it alone, or pass --wait") as raised:
+        realsize.wait_for_memory(20.0, wait_s=0)
+    assert "\n" not in str(raised.value)
+    realsize.wait_for_memory(0.5, wait_s=0)  # enough: returns at once
