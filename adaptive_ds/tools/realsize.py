@@ -1,7 +1,7 @@
 """Real-size pretrained models on this machine: a folder with exactly a published config, and what `--init_from`
 it costs in host memory beside the planner's projection.
 
-    python -m adaptive_ds.tools.realsize [--models Llama-3.2-1B Qwen2.5-0.5B SmolLM2-360M] [--seq_len 256]
+    python -m adaptive_ds.tools.realsize [--models Llama-3.2-1B Qwen2.5-0.5B SmolLM2-360M] [--seq_len 256] [--wait S]
     python -m adaptive_ds.tools.realsize --build CONFIG_JSON FOLDER
 
 The published configs are tests/fixtures/published_configs/ (each with its source). `--build` makes a folder of one:
@@ -21,7 +21,8 @@ load phase's peak.
 
 It writes the JSON report `realsize_cpu.json` into --out (default: --work) and prints the table; the table goes into
 a Markdown file as the section ``<!-- realsize:cpu -->`` only when --benchmarks_md names one. It needs most of the
-machine's memory: run it alone.
+machine's memory: run it alone. Before each measurement it waits up to --wait seconds (default: none) for the memory
+the planner projects, and ends in one line without it.
 """
 
 from __future__ import annotations
