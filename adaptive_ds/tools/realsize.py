@@ -42,7 +42,6 @@ from .report import add_publish_arguments, check_markdown_path, commit, machine,
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "tests" / "fixtures" / "published_configs"
 KEY = "realsize:cpu"
-ENGINE = "debug_cpu.json"  # the shipped ds_config whose engine the measurements use (ds_configs/)
 GIB = 2**30
 # Config fields that describe the file rather than the model: who wrote it, and its dtype's old spelling
 _WRITER_FIELDS = ("transformers_version", "torch_dtype", "dtype", "architectures", "_name_or_path")
@@ -201,6 +200,8 @@ def run_benchmark(configs: dict[str, Path], work: Path, seq_len: int, seed: int 
     import deepspeed
     import torch
     import transformers
+
+    from .realsize_run import ENGINE
 
     command = (f"python -m adaptive_ds.tools.realsize --models {' '.join(configs)} --seq_len {seq_len}"
                + (f" --seed {seed}" if seed else ""))
