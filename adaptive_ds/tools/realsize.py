@@ -159,7 +159,7 @@ def _folder_facts(folder: Path) -> dict:
             "largest_tensor": largest[0], "largest_tensor_numel": largest[1]}
 
 
-def wait_for_memory(needed_gib: float, wait_s: float, poll_s: float = 30.0) -> None:
+def wait_for_memory(needed_gib: float, wait_s: float, poll_s: float = 10.0) -> None:
     """Return once the machine has `needed_gib` available (other processes' memory would distort the peak, or end the
     measurement out of memory); after `wait_s` seconds without it, end the benchmark in one line."""
     deadline = time.monotonic() + wait_s
@@ -180,7 +180,7 @@ def measure_model(config_path: Path, work: Path, seq_len: int, seed: int, wait_s
     step = planned["projected_step_gib"] < 0.9 * machine_gib
     if not step:
         planned = projection(folder, seq_len, optimizer_step=False)
-    wait_for_memory(1.05 * planned["projected_gib"] + 1.0, wait_s)  # the process's runtime, and a margin
+    wait_for_memory(planned["projected_gib"] + 0.5, wait_s)  # and the process's runtime, before the model
     measured = _measure(folder, seq_len, *(() if step else ("--no_step",)))
     before = measured["rss_before_model"]
     phases = {k: (v - before) / GIB for k, v in measured["phases"].items()}
