@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -99,6 +100,8 @@ def _run(args: list[str]) -> str:
     """Run `python -m adaptive_ds.tools.<args>` in a process of its own; its stdout. A failure ends the benchmark
     with the process's last lines."""
     done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
+    if done.returncode == -signal.SIGKILL:  # what the kernel's out-of-memory killer sends
+        raise SystemExit(f"error: {args[0]} was killed (SIGKILL), most likely out of memory: run it alone")
     if done.returncode:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
         raise SystemExit(f"error: {' '.join(args[:1])} failed (exit {done.returncode}):\n{tail}")
