@@ -226,7 +226,7 @@ class Source:
             return AdaptiveDSConfig(**{**own, "vocab_size": vocab, **overrides})
         experts = PRESETS[preset] if preset is not None else AdaptiveDSConfig()  # no preset: the model's defaults
         fields = dict(arch=arch, vocab_size=vocab, **self.fields, num_local_experts=experts.num_local_experts,
-                      num_experts_per_tok=experts.num_experts_per_tok)
+                      num_experts_per_tok=experts.num_experts_per_tok, source_model_type=self.source_model_type)
         fields.update(VARIANTS[arch].model)
         fields.update(self.family.routing(c))  # the family's own routing (Mixtral's), over the variant's defaults
         fields.update(overrides)
@@ -234,6 +234,13 @@ class Source:
         upcycled = upcycled_settings(self.arch, arch, fields)
         fields.update({k: v for k, v in upcycled.items() if k not in overrides})
         return AdaptiveDSConfig(**fields)
+
+    @property
+    def source_model_type(self) -> str | None:
+        """The stock family the weights come from: the folder's own, or the one our folder recorded (None: ours
+        from scratch)."""
+        own = self.family.own_settings(self.config)
+        return self.model_type if own is None else own.get("source_model_type")
 
     def tokenizer(self):
         try:

@@ -191,7 +191,7 @@ def test_a_checkpoint_holds_the_keys_a_checkpoint_of_the_code_before_named_state
             # (models/defaults.py) and the model families' features (all off by default)
             model, old_model = ours["identity"].pop("model"), before["identity"].pop("model")
             features = {"head_dim", "attention_qkv_bias", "attention_out_bias", "qk_norm", "rope_scaling_parameters",
-                        "sliding_window", "moe_intermediate_size", "moe_norm_topk_prob"}
+                        "sliding_window", "moe_intermediate_size", "moe_norm_topk_prob", "source_model_type"}
             assert (set(model) - set(old_model), set(old_model) - set(model)) == (
                 {"config_version", *features}, {"moe_eval_capacity_factor"})
         assert _keys(ours) == _keys(before), name
