@@ -9,9 +9,16 @@ import shutil
 import pytest
 import torch
 from helpers.common import logged_losses, write_ds_config
-from helpers.pretrained_folders import DEBUG, llama_folder, mixtral_folder
+from helpers.pretrained_folders import DEBUG, llama_folder, mixtral_folder, stock_folder
 from safetensors.torch import load_file, save_file
-from transformers import LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from adaptive_ds import pretrained
 from adaptive_ds.data import build_training_data
@@ -52,6 +59,38 @@ def test_a_run_from_a_stock_llama_starts_at_the_stock_models_loss(llama, tmp_pat
     identity = json.loads((out / "run_identity.json").read_text())
     assert identity["base_model"] == {"source": str(llama), "sha256": digest,
                                       "files": pretrained.Source.open(str(llama)).identity(None)["files"]}
+
+
+@pytest.mark.parametrize("family, arch, zero_stage", [("qwen2", "dense", 1), ("qwen3", "hybrid", 2)])
+def test_a_run_from_a_tied_qwen_trains_tied_and_exports_back_to_its_class(tmp_path, family, arch, zero_stage):
+    """Tied embeddings, q/k/v biases (Qwen2) and q/k norm with a head_dim of its own (Qwen3) through the real engine:
+    the first step's loss is the stock model's, the embedding and the LM head stay one tensor through training, and a
+    dense final/ exports with `--to auto` to the class it came from, with the trained model's logits."""
+    stock_class, config_class, extra = {"qwen2": (Qwen2ForCausalLM, Qwen2Config, {}),
+                                        "qwen3": (Qwen3ForCausalLM, Qwen3Config, {"head_dim": 64})}[family]
+    folder = stock_folder(tmp_path / family, stock_class, config_class, DEBUG, tie_word_embeddings=True, **extra)
+    model = {"mod_capacity": 1.0, "mod_layer_interval": 1, "moe_drop_tokens": False} if arch == "hybrid" else {}
+    config = write_ds_config(tmp_path, micro=2, zero_stage=zero_stage, arch=arch, max_steps=2, init_from=str(folder),
+                             seed=7, model=model)
+    out = tmp_path / "run"
+    train(["--ds_config", config, "--output_dir", str(out)])
+    with torch.no_grad():
+        stock = stock_class.from_pretrained(folder).eval()(**_first_batch(2, 7)).loss.item()
+    assert logged_losses(out)[1] == pytest.approx(stock, rel=1e-5, abs=1e-6)
+    trained = AutoModelForCausalLM.from_pretrained(out / "final").eval()
+    assert trained.config.source_model_type == family and trained.config.tie_word_embeddings
+    assert trained.lm_head.weight is trained.model.embed_tokens.weight
+    assert "lm_head.weight" not in load_file(out / "final" / "model.safetensors")  # saved once
+    if arch == "dense":
+        from adaptive_ds.export.convert import main as export
+
+        export([str(out / "final"), str(tmp_path / "hf"), "--to", "auto"])
+        exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+        assert type(exported) is stock_class
+        ids = _first_batch(2, 7)["input_ids"]
+        with torch.no_grad():
+            gap = (exported(ids).logits - trained(ids).logits[..., :exported.config.vocab_size]).abs().max()
+        assert gap < 1e-5
 
 
 def test_a_resume_loads_its_own_checkpoint_and_checks_the_folder(llama, tmp_path, monkeypatch):
