@@ -2,7 +2,7 @@
 
 - final: the `save_pretrained` folder with the model's source files and `auto_map` (`final/`, Hub snapshots,
   exports), gathered from every expert-parallel rank or ZeRO-3 shard;
-- convert: a training checkpoint to that folder, or a model to stock Llama / Mixtral classes
+- convert: a training checkpoint to that folder, or a model to a family's stock class
   (`python -m adaptive_ds.export`);
 - hub: the model card and Hub pushes.
 """
