@@ -12,10 +12,14 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from adaptive_ds.export.convert import convert, target
@@ -125,3 +129,22 @@ def test_an_attention_a_family_cannot_hold_is_refused_in_one_line(fields, to, re
     with pytest.raises(ValueError, match=reason) as refused:
         convert(model, to)
     assert "\n" not in str(refused.value)
+
+
+MOE_FOLDERS = {
+    "mixtral": (MixtralForCausalLM, MixtralConfig(**SHAPE, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig(**SHAPE, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                                      moe_intermediate_size=48, tie_word_embeddings=True)),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE_FOLDERS))
+def test_an_moe_folder_imports_as_moe_and_exports_back_with_auto(name, tmp_path):
+    stock_class, config = MOE_FOLDERS[name]
+    torch.manual_seed(0)
+    stock = perturbed(stock_class(config))
+    stock.save_pretrained(tmp_path / "stock")
+    model = _imported(tmp_path / "stock", "moe")
+    assert model.config.arch == "moe" and _gap(model, stock) < 1e-5
+    back = convert(model, "auto")
+    assert type(back) is stock_class and _gap(back.eval(), stock) < 1e-5
