@@ -86,6 +86,23 @@ FAMILIES = {
                                chat_template=MISTRAL_CHAT, template_in_config=True),
 }
 
+# What a document looks like in each family's token stream: (the token it starts with, or None; the token it ends with)
+CONVENTIONS = {
+    "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
+    "qwen2.5": (None, "<|endoftext|>"),
+    "qwen3": (None, "<|endoftext|>"),
+    "smollm2": (None, "<|endoftext|>"),
+    "tinyllama": ("<s>", "</s>"),
+    "mistral": ("<s>", "</s>"),
+}
+
+
+def framed(tokenizer, name: str, text: str) -> list[int]:
+    """`text`'s ids as family `name` frames a document (CONVENTIONS)."""
+    bos, eos = CONVENTIONS[name]
+    head = [] if bos is None else [tokenizer.convert_tokens_to_ids(bos)]
+    return head + tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.convert_tokens_to_ids(eos)]
+
 
 def _backend(family: TokenizerFamily, post_processor=None) -> Tokenizer:
     specials = list(dict.fromkeys(t for t in (family.unk, family.bos, family.eos, family.pad, *family.extra) if t))

@@ -1,7 +1,8 @@
 """Text data follows its tokenizer's family: a BOS before each document only where the family's tokenizer adds one,
 the EOS after each, never a None id; padding (the EOS where a tokenizer has no pad token, as Llama 3's) is in no
 loss. Each family's tokenizer is a small one built offline with its published conventions
-(helpers/family_tokenizers.py); the expected framing is the family's, written out below, not the code's probe."""
+(helpers/family_tokenizers.py); the expected framing is the family's, written out there (CONVENTIONS), not the
+code's probe."""
 
 import itertools
 import json
@@ -10,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 from helpers.common import tiny_config
-from helpers.family_tokenizers import CORPUS, tokenizer_folder
+from helpers.family_tokenizers import CONVENTIONS, CORPUS, framed, tokenizer_folder
 from tokenizers import processors
 from transformers import AutoTokenizer
 
@@ -20,15 +21,6 @@ from adaptive_ds.data.streaming import _Windows
 from adaptive_ds.data.text import Framing, is_validation
 from adaptive_ds.models import AdaptiveDSForCausalLM
 
-# family: (the token every document starts with, or None; the token every document ends with)
-CONVENTIONS = {
-    "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
-    "qwen2.5": (None, "<|endoftext|>"),
-    "qwen3": (None, "<|endoftext|>"),
-    "smollm2": (None, "<|endoftext|>"),
-    "tinyllama": ("<s>", "</s>"),
-    "mistral": ("<s>", "</s>"),
-}
 SEED, SHARE = 3, 0.2
 
 
@@ -53,11 +45,7 @@ def _segments(stream: list[int], eos: int) -> Counter:
 
 
 def _expected(tokenizer, family: str, held_out: bool) -> Counter:
-    bos, eos = CONVENTIONS[family]
-    head = [] if bos is None else [tokenizer.convert_tokens_to_ids(bos)]
-    return Counter(tuple(head + tokenizer(d, add_special_tokens=False).input_ids
-                         + [tokenizer.convert_tokens_to_ids(eos)])
-                   for d in CORPUS if is_validation(d, SEED, SHARE) == held_out)
+    return Counter(tuple(framed(tokenizer, family, d)) for d in CORPUS if is_validation(d, SEED, SHARE) == held_out)
 
 
 @pytest.mark.parametrize("family", CONVENTIONS)
