@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 from helpers.common import write_ds_config
 from helpers.family_tokenizers import CHATML, CONVENTIONS, CORPUS, framed, tokenizer_folder
-from helpers.pretrained_folders import llama_folder
-from transformers import AutoTokenizer, GenerationConfig, LlamaForCausalLM
+from helpers.pretrained_folders import llama_folder, stock_folder
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from adaptive_ds.data.prepare import PrepareArguments, prepare
 from adaptive_ds.data.text import is_validation
@@ -29,20 +36,33 @@ def _corpus(directory) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def llama3(tmp_path_factory):
-    """A tiny stock Llama with a Llama 3 style tokenizer (no pad token, its chat template in tokenizer_config.json)
-    and an Instruct model's generation_config.json: two EOS ids, sampling defaults."""
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(tmp_path_factory.mktemp("tokenizer"), "llama3"))
-    bos, eos, eot = tokenizer.convert_tokens_to_ids(["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"])
-    folder = llama_folder(tmp_path_factory.mktemp("llama3"), vocab_size=pad_vocab(len(tokenizer)), bos_token_id=bos,
-                          eos_token_id=eos, pad_token_id=None)
+# family: the stock class and config, their fields, and a generation_config.json as the family's Instruct models
+# publish it (several EOS ids, sampling defaults; Qwen's names a BOS its tokenizer does not have)
+STOCK = {
+    "llama3": (LlamaForCausalLM, LlamaConfig, {}, lambda ids: dict(
+        bos_token_id=ids["<|begin_of_text|>"], eos_token_id=[ids["<|end_of_text|>"], ids["<|eot_id|>"]],
+        do_sample=True, temperature=0.6, top_p=0.9)),
+    "qwen2.5": (Qwen2ForCausalLM, Qwen2Config, {"tie_word_embeddings": True}, lambda ids: dict(
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+        pad_token_id=ids["<|endoftext|>"], do_sample=True, repetition_penalty=1.05, temperature=0.7, top_p=0.8,
+        top_k=20)),
+}
+
+
+def family_folder(path, family: str):
+    """A tiny stock model of `family` with that family's tokenizer (helpers/family_tokenizers.py) and generation
+    config, its config's token ids the tokenizer's."""
+    stock_class, config_class, fields, generation = STOCK[family]
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(path / "tokenizer", family))
+    ids = tokenizer.get_vocab()
+    folder = stock_folder(path / "model", stock_class, config_class, vocab_size=pad_vocab(len(tokenizer)),
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id, **fields)
     for name in os.listdir(folder):
         if name.startswith(("tokenizer", "special_tokens", "chat_template")):
             os.remove(folder / name)
-    tokenizer_folder(folder, "llama3")
-    GenerationConfig(bos_token_id=bos, eos_token_id=[eos, eot], do_sample=True, temperature=0.6,
-                     top_p=0.9).save_pretrained(folder)
+    tokenizer_folder(folder, family)
+    GenerationConfig(**generation(ids)).save_pretrained(folder)
     return folder
 
 
@@ -54,7 +74,8 @@ def _generation(folder) -> dict:
 
 def _train_and_export(source, tmp_path, zero_stage: int = 1, **block) -> list:
     """A run of one step --init_from `source`, resumed for a second (a resume keeps what it carries too), then
-    exported from its final/ (as itself and as a stock Llama) and from its checkpoint: the four folders."""
+    exported from its final/ (as itself and, with --to auto, as the stock class it came from) and from its checkpoint:
+    the four folders."""
     config = write_ds_config(tmp_path, micro=2, max_steps=1, zero_stage=zero_stage, init_from=str(source), **block)
     settings = json.loads(open(config).read())
     del settings["adaptive_ds"]["preset"]  # the tiny folder has no preset's shape
@@ -63,33 +84,36 @@ def _train_and_export(source, tmp_path, zero_stage: int = 1, **block) -> list:
     train(["--ds_config", config, "--output_dir", str(out)])
     train(["--ds_config", config, "--output_dir", str(out), "--max_steps", "2"])
     export([str(out / "final"), str(exports / "adaptive_ds")])
-    export(["--to", "llama", str(out / "final"), str(exports / "llama")])
+    export(["--to", "auto", str(out / "final"), str(exports / "stock")])
     export([str(out), str(exports / "from_checkpoint")])
-    return [out / "final", exports / "adaptive_ds", exports / "llama", exports / "from_checkpoint"]
+    return [out / "final", exports / "adaptive_ds", exports / "stock", exports / "from_checkpoint"]
 
 
-def test_final_its_checkpoint_and_exports_chat_as_the_base_did(llama3, tmp_path):
+@pytest.mark.parametrize("family", STOCK)
+def test_final_its_checkpoint_and_exports_chat_as_the_base_did(tmp_path, family):
+    source = family_folder(tmp_path / "source", family)
     # ZeRO-3: final/ is a model gathered from the shards, which must take the generation config along
-    folders = _train_and_export(llama3, tmp_path, zero_stage=3, data=_corpus(tmp_path), validation_share=0.1)
-    base = AutoTokenizer.from_pretrained(llama3)
+    folders = _train_and_export(source, tmp_path, zero_stage=3, data=_corpus(tmp_path), validation_share=0.1)
+    base = AutoTokenizer.from_pretrained(source)
     text = base.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
-    assert text.startswith("<|begin_of_text|><|start_header_id|>system")
+    assert text.count("the river runs") == 1 and text.endswith(("assistant\n", "assistant<|end_header_id|>\n\n"))
     ids = base(text, add_special_tokens=False).input_ids
-    source_config = json.loads((llama3 / "config.json").read_text())
+    source_config = json.loads((source / "config.json").read_text())
     for folder in folders:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         assert tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == text, folder
         assert tokenizer(text, add_special_tokens=False).input_ids == ids
-        # as the folder has them: the data's tokenizer pads with the EOS, the saved one names no pad token
-        assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|begin_of_text|>",
-                                                                                 "<|end_of_text|>", None)
-        assert _generation(folder) == _generation(llama3), folder
+        # as the folder has them: Llama 3's names no pad token, though the data's pads with its EOS
+        assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == \
+               (base.bos_token, base.eos_token, base.pad_token)
+        assert _generation(folder) == _generation(source), folder
         model_config = json.loads((folder / "config.json").read_text())
         assert [model_config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")] == \
-               [source_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
-    stock = LlamaForCausalLM.from_pretrained(folders[2])
-    assert stock.generation_config.eos_token_id == GenerationConfig.from_pretrained(llama3).eos_token_id
-    assert stock.generation_config.temperature == 0.6 and stock.generation_config.do_sample
+               [source_config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
+    stock_class = STOCK[family][0]
+    stock = stock_class.from_pretrained(folders[2])
+    assert type(stock) is stock_class
+    assert stock.generation_config.to_diff_dict() == GenerationConfig.from_pretrained(source).to_diff_dict()
 
 
 def test_a_run_on_the_embedded_corpus_keeps_its_folders_chat_template(tmp_path):
