@@ -24,6 +24,7 @@ as `final/` does), so users with torch and transformers alone (no deepspeed, no 
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
 import sys
@@ -65,8 +66,11 @@ def target(model: AdaptiveDSForCausalLM, model_type: str) -> str:
 
 def convert(model: AdaptiveDSForCausalLM, model_type: str):
     """The stock model of the family `model_type` (one of `models.families.exportable()`, or `auto`: `target`) with
-    `model`'s logits; ValueError in one line where `model` cannot be one (the family's `export_problem`)."""
-    return FAMILIES[target(model, model_type)].to_stock(model)
+    `model`'s logits and generation config (a base model's eos ids and sampling defaults); ValueError in one line
+    where `model` cannot be one (the family's `export_problem`)."""
+    stock = FAMILIES[target(model, model_type)].to_stock(model)
+    stock.generation_config = copy.deepcopy(model.generation_config)
+    return stock
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,8 +6,10 @@ load (checkpoint/manager.py) are stood in for: what is checked here is what reac
 import json
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from transformers import GenerationConfig
 
 from adaptive_ds.training.checkpoint import Checkpointer, Resume, manager, storage
 from adaptive_ds.training.checkpoint.storage import SavesFailedError
@@ -221,6 +223,7 @@ class _Engine:
 
     def __init__(self, fail_at=()):
         self.fail_at = set(fail_at)
+        self.module = SimpleNamespace(generation_config=GenerationConfig())  # the model's, saved beside its weights
 
     def save_checkpoint(self, root, tag, client_state, save_latest=False):
         if int(tag.removeprefix("step")) in self.fail_at:

@@ -141,7 +141,7 @@ def test_the_planner_reads_a_hub_models_config_without_fetching_its_weights(tmp_
     import huggingface_hub
     from helpers.pretrained_folders import DEBUG
 
-    from adaptive_ds.pretrained import SOURCE_FILES
+    from adaptive_ds.pretrained import CHAT_FILES, SOURCE_FILES
     from adaptive_ds.tools.plan import main
 
     folder = llama_folder(tmp_path / "snapshot", shape=DEBUG)
@@ -154,9 +154,10 @@ def test_the_planner_reads_a_hub_models_config_without_fetching_its_weights(tmp_
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     main(["--init_from", "TinyLlama/TinyLlama_v1.1", "--arch", "moe", "--gpu", "t4", "--json"])
     assert json.loads(capsys.readouterr().out)["preset"] == "debug"
-    assert asked == [list(SOURCE_FILES)] and not any(fnmatch.fnmatch("model.safetensors", p) for p in asked[0])
+    files = [*SOURCE_FILES, *CHAT_FILES]  # config, tokenizer, index; chat template and generation config
+    assert asked == [files] and not any(fnmatch.fnmatch("model.safetensors", p) for p in asked[0])
     Source.open("TinyLlama/TinyLlama_v1.1")  # a run's source: the weights the index names, after the config
-    assert asked[1:] == [list(SOURCE_FILES), ["model.safetensors"]]
+    assert asked[1:] == [files, ["model.safetensors"]]
 
 
 def test_the_preset_is_the_folders_shape_when_none_is_named(tmp_path, llama):
@@ -190,7 +191,7 @@ def test_a_hub_id_is_resolved_through_the_hf_cache_and_a_missing_one_refused_in_
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from adaptive_ds.pretrained import SOURCE_FILES, resolve
+    from adaptive_ds.pretrained import CHAT_FILES, SOURCE_FILES, resolve
 
     asked = []
 
@@ -200,10 +201,11 @@ def test_a_hub_id_is_resolved_through_the_hf_cache_and_a_missing_one_refused_in_
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     assert resolve("TinyLlama/TinyLlama_v1.1") == str(llama)
-    # config, tokenizer and index first, then only the weights they name: not every *.safetensors of the repository
+    # config, tokenizer (chat template and generation config too) and index first, then only the weights they name:
+    # not every *.safetensors of the repository
     hub_id = "TinyLlama/TinyLlama_v1.1"
-    assert asked == [(hub_id, list(SOURCE_FILES)), (hub_id, ["model.safetensors"])]
-    assert not any(fnmatch.fnmatch("consolidated.safetensors", pattern) for pattern in SOURCE_FILES)
+    assert asked == [(hub_id, [*SOURCE_FILES, *CHAT_FILES]), (hub_id, ["model.safetensors"])]
+    assert not any(fnmatch.fnmatch("consolidated.safetensors", p) for p in [*SOURCE_FILES, *CHAT_FILES])
 
     def offline(repo_id, allow_patterns):
         raise LocalEntryNotFoundError("not in the cache and the Hub cannot be reached")
