@@ -1,6 +1,7 @@
 """Training from pretrained weights (--init_from) through the real engine: the first step's loss is the stock
 model's on that step's batch, the run starts afresh and records its base model, a resume loads its own checkpoint
-(and checks that the folder is still the one it started from), data of another vocabulary is refused."""
+(and checks that the folder is still the one it started from), data of another vocabulary is refused; a MoD or
+hybrid run at capacity 1.0 writes a final/ that evaluates as the dense model, and as its own Llama export."""
 
 import json
 import os
@@ -22,6 +23,8 @@ from transformers import (
 
 from adaptive_ds import pretrained
 from adaptive_ds.data import build_training_data
+from adaptive_ds.export.convert import main as export
+from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.training import train
 from adaptive_ds.training.arguments import ConfigError
 from adaptive_ds.training.checkpoint import CheckpointError
@@ -182,3 +185,48 @@ def test_weights_that_do_not_match_their_config_are_refused_in_one_line(llama, t
     with pytest.raises(ConfigError, match="has no tensor 'model.norm.weight'") as error:
         train(["--ds_config", config, "--output_dir", str(tmp_path / "run")])
     assert "\n" not in str(error.value)
+
+
+def _capacity_one_run(llama, tmp_path, arch: str, lr: float, steps: int):
+    """A run of `arch` retrofitted to the stock Llama at capacity 1.0 in every block: (its final/ model in eval
+    mode, as it loads, and its summary)."""
+    config = write_ds_config(tmp_path, micro=2, arch=arch, max_steps=steps, init_from=str(llama), seed=7,
+                             model={"mod_capacity": 1.0, "mod_layer_interval": 1})
+    block = json.loads(open(config).read())
+    block["optimizer"]["params"]["lr"] = lr
+    open(config, "w").write(json.dumps(block))
+    summary = train(["--ds_config", config, "--output_dir", str(tmp_path / "run")])
+    model = AdaptiveDSForCausalLM.from_pretrained(tmp_path / "run" / "final").eval()
+    assert model.model.mod_routing == "causal"  # as it loads: evaluation's default routing
+    return model, summary
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("arch", ["mod", "hybrid"])
+def test_a_capacity_one_retrofit_after_a_step_at_lr_0_evaluates_as_the_stock_llama(llama, tmp_path, arch):
+    model, summary = _capacity_one_run(llama, tmp_path, arch, lr=0.0, steps=1)
+    assert summary["validation_causal_routed_share"] == 1.0  # validation ran every token through every block
+    ids = _first_batch(2, 7)["input_ids"]
+    stock = LlamaForCausalLM.from_pretrained(llama).eval()
+    torch.testing.assert_close(_logits(model, ids), _logits(stock, ids), rtol=0, atol=1e-5)
+
+
+def test_a_trained_capacity_one_mod_run_evaluates_as_its_llama_export(llama, tmp_path):
+    model, _ = _capacity_one_run(llama, tmp_path, "mod", lr=3e-3, steps=2)
+    ids = _first_batch(2, 7)["input_ids"]
+    scores = []  # each block's router logits in the evaluation below
+    handles = [layer.router.register_forward_hook(lambda m, args, out: scores.append(out))
+               for layer in model.model.layers]
+    evaluated = _logits(model, ids)
+    for handle in handles:
+        handle.remove()
+    assert any((s <= 0).any() for s in scores)  # trained toward routing all, not there yet: its sign skips some
+    export(["--to", "llama", str(tmp_path / "run" / "final"), str(tmp_path / "llama")])
+    exported = LlamaForCausalLM.from_pretrained(tmp_path / "llama").eval()
+    stock = LlamaForCausalLM.from_pretrained(llama).eval()
+    assert not torch.allclose(_logits(exported, ids), _logits(stock, ids), atol=1e-3)  # it trained
+    torch.testing.assert_close(evaluated, _logits(exported, ids), rtol=0, atol=1e-5)
