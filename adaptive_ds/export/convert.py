@@ -16,7 +16,7 @@ choice, with the reason a model cannot be one of its stock models). `--to auto` 
 folder the model started from (`AdaptiveDSConfig.source_model_type`, kept through upcycling): a Qwen2.5 trained
 dense exports as a Qwen2ForCausalLM again. Checkpoints are read by
 `adaptive_ds.ds_checkpoint` (no training code; DeepSpeed only for ZeRO-3's partitions).
-The adaptive_ds folder also carries the model's source files and an `auto_map` (`export.final.save_with_code`,
+The adaptive_ds folder also carries the model's source files and an `auto_map` (`export.final.save_standalone`,
 as `final/` does), so users with torch and transformers alone (no deepspeed, no adaptive_ds) load it with
 `trust_remote_code=True`.
 """
@@ -34,7 +34,7 @@ from transformers import AutoTokenizer
 from ..ds_checkpoint import CheckpointError, load_checkpoint
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 from ..models.families import FAMILIES, exportable
-from .final import save_with_code
+from .final import save_standalone
 
 __all__ = ["convert", "load_any", "main"]
 
@@ -88,11 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {args.dst!r} already holds files; pass a new or empty output folder")
     try:
         model, tokenizer = load_any(args.src)
-        if args.to == own:
-            save_with_code(model, tokenizer, args.dst)
-        else:
-            convert(model, args.to).save_pretrained(args.dst, safe_serialization=True)
-            tokenizer.save_pretrained(args.dst)
+        save_standalone(model if args.to == own else convert(model, args.to), tokenizer, args.dst)
     except (CheckpointError, ValueError) as error:
         sys.exit(f"error: {error}")
     logger.info("wrote %s (%s)", args.dst, args.to if args.to != AUTO else target(model, AUTO))
