@@ -60,21 +60,23 @@ def test_exported_folders_load_with_torch_and_transformers_alone(moe_run, tmp_pa
     """`python -m adaptive_ds.export`'s folders where neither adaptive_ds nor deepspeed can be imported: ours (with
     remote code, as the model card says) and the stock Mixtral from the MoE run's checkpoint, and the stock Llama from
     a dense final/, each with the package-side model's logits and greedy continuation."""
-    dense = FIXTURES / "dense"
-    exports = {"adaptive_ds": (moe_run, model_card_load()), "mixtral": (moe_run, STOCK), "llama": (dense, STOCK)}
-    for to, (src, _) in exports.items():
+    exports = [  # --to, its source, how it loads, its model class's module, the package-side model
+        ("adaptive_ds", moe_run, model_card_load(), "transformers_modules.", moe_run / "final"),
+        ("mixtral", moe_run, STOCK, "transformers.models.mixtral.", moe_run / "final"),
+        ("llama", FIXTURES / "dense", STOCK, "transformers.models.llama.", FIXTURES / "dense"),
+    ]
+    for to, src, *_ in exports:
         main(["--to", to, str(src), str(tmp_path / to)])
     ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(3))
-    loaded = load_without_the_package(tmp_path, [(tmp_path / to, load, ids) for to, (_, load) in exports.items()],
+    loaded = load_without_the_package(tmp_path, [(tmp_path / to, load, ids) for to, _, load, *_ in exports],
                                       generate=True)
-    sources = {"adaptive_ds": moe_run / "final", "mixtral": moe_run / "final", "llama": dense}
-    for (to, modules), result in zip({"adaptive_ds": "transformers_modules.", "mixtral": "transformers.models.mixtral",
-                                      "llama": "transformers.models.llama"}.items(), loaded, strict=True):
-        assert result.module.startswith(modules), (to, result.module)
-        model = AdaptiveDSForCausalLM.from_pretrained(sources[to]).eval()
+    for (to, _, _, module, reference), result in zip(exports, loaded, strict=True):
+        assert result.module.startswith(module), (to, result.module)
+        assert result.eos == [result.eos_token_id], to  # the tokenizer came along
+        model = AdaptiveDSForCausalLM.from_pretrained(reference).eval()
         torch.testing.assert_close(result.logits, _logits(model, ids), rtol=0, atol=1e-5, msg=to)
-        assert torch.equal(result.generated, model.generate(ids, max_new_tokens=6, min_new_tokens=6,
-                                                            do_sample=False)), to
+        greedy = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+        assert torch.equal(result.generated, greedy), to
 
 
 def test_generate_cli_samples_from_a_checkpoint(moe_run, capsys):
