@@ -105,8 +105,8 @@ def test_upcycling_and_the_mod_retrofit_are_exact_at_step_0(folder, arch):
     model = _imported(path, arch, **RETROFIT[arch])
     assert model.config.tie_word_embeddings == stock.config.tie_word_embeddings
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == stock.config.tie_word_embeddings
-    if model.config.uses_mod:
-        model.model.set_mod_routing("all")
+    # evaluation's default routing: causal, which at capacity 1.0 runs every token through every block
+    assert model.model.mod_routing == "causal"
     assert _gap(model, stock) < 1e-5
 
 
