@@ -64,6 +64,7 @@ def test_exported_folders_load_with_torch_and_transformers_alone(moe_run, tmp_pa
         ("adaptive_ds", moe_run, model_card_load(), "transformers_modules.", moe_run / "final"),
         ("mixtral", moe_run, STOCK, "transformers.models.mixtral.", moe_run / "final"),
         ("llama", FIXTURES / "dense", STOCK, "transformers.models.llama.", FIXTURES / "dense"),
+        ("mistral", FIXTURES / "dense", STOCK, "transformers.models.mistral.", FIXTURES / "dense"),
     ]
     for to, src, *_ in exports:
         main(["--to", to, str(src), str(tmp_path / to)])
