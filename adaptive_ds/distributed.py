@@ -96,9 +96,9 @@ def gloo_address_problem(environ: Mapping[str, str], hostname: str | None = None
     loopback address where there is none (torch's GlooDeviceFactory), and gives it to every other process. Many
     hosts name themselves with a loopback address (Debian's /etc/hosts: 127.0.1.1, a container's: 127.0.0.1): the
     other machines would dial their own loopback, and gloo's connection set-up would fail with words that blame a
-    lost process (and a stop line that advises a rerun, which cannot help). Only a world that spans machines (a launcher's local process count below the world
-    size) at a rendezvous address that is not loopback is judged: at a loopback MASTER_ADDR every process runs on
-    this machine, which loopback reaches.
+    lost process (and a stop line that advises a rerun, which cannot help). Only a world that spans machines (a
+    launcher's local process count below the world size) at a rendezvous address that is not loopback is judged: at
+    a loopback MASTER_ADDR every process runs on this machine, which loopback reaches.
     """
     world = int(environ.get("WORLD_SIZE", "1"))
     local = environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE")  # torchrun's, deepspeed's launcher's
