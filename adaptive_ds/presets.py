@@ -146,7 +146,8 @@ MOD_ARCHITECTURES = ("mod", "hybrid")
 MOE_FIELDS = ("num_local_experts", "num_experts_per_tok", "moe_layer_interval", "moe_capacity_factor",
               "moe_min_capacity", "moe_drop_tokens", "moe_ep_size", "moe_dispatch",
               "moe_grouped_gemm", "moe_jitter", "moe_use_residual", "moe_expert_granularity", "moe_shared_experts",
-              "moe_balancing", "moe_bias_update_rate", "moe_renormalize_top1", "router_aux_loss_coef",
+              "moe_balancing", "moe_bias_update_rate", "moe_renormalize_top1", "moe_intermediate_size",
+              "moe_norm_topk_prob", "router_aux_loss_coef",
               "router_z_loss_coef")
 MOD_FIELDS = ("mod_capacity", "mod_layer_interval", "mod_causal_routing", "mod_predictor_hidden_size",
               "mod_predictor_loss_coef", "mod_straight_through")
@@ -218,8 +219,8 @@ class BlockParameters:
     """The parameters of one decoder block, by part: the one place a block's arithmetic is written (parameter
     counts, FLOPs and the planner's memory all start here)."""
 
-    attention: int  # q, k, v, o projections: 2 h^2 + 2 h kv
-    norms: int  # the two RMSNorm weights
+    attention: int  # q, k, v, o projection weights: 2 h q + 2 h kv (q = heads x head_dim, kv = kv heads x head_dim)
+    norms: int  # the two RMSNorm weights, the q/k norms' (qk_norm) and the attention biases: no matmuls
     mlp: int  # one MLP (SwiGLU: 3 h f; an architecture may bring its own), or one routed expert (3 h f / granularity)
     experts: int  # routed experts in this layer (0: a dense MLP)
     experts_per_token: int
@@ -249,9 +250,12 @@ class BlockParameters:
 
 def block_parameters(config: AdaptiveDSConfig, layer_idx: int) -> BlockParameters:
     h, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
+    q = config.num_attention_heads * config.head_dim
     mod = config.is_mod_layer(layer_idx)
     predictor = mod and config.mod_causal_routing == "predictor"
-    common = dict(attention=2 * h * h + 2 * h * kv, norms=2 * h, mod_router=h if mod else 0,
+    norms = 2 * h + 2 * config.head_dim * config.qk_norm
+    norms += (q + 2 * kv) * config.attention_qkv_bias + h * config.attention_out_bias
+    common = dict(attention=2 * h * q + 2 * h * kv, norms=norms, mod_router=h if mod else 0,
                   mod_predictor=(h + 1) * config.mod_predictor_hidden_size if predictor else 0)
     if not config.is_moe_layer(layer_idx):
         own = config.arch_spec.mlp_parameters  # an architecture's own MLP (models/spec.py); None: SwiGLU

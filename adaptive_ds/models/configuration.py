@@ -17,6 +17,10 @@ POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
                   "moe_ep_size", "moe_layer_interval", "moe_expert_granularity", "mod_layer_interval",
                   "mod_predictor_hidden_size")
 MOE_BALANCING = ("aux_loss", "bias")
+# RoPE scalings (`rope_scaling_parameters["rope_type"]`, as transformers names them) and the keys each needs
+ROPE_SCALING_KEYS = {"linear": ("factor",), "dynamic": ("factor",),
+                     "yarn": ("factor", "original_max_position_embeddings"),
+                     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
 @dataclass(repr=False)
@@ -57,7 +61,19 @@ class AdaptiveDSConfig(PreTrainedConfig):
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     initializer_range: float = 0.02
-    tie_word_embeddings: bool = False
+    # The features of the model families a run starts from (models/families/), each off by default; off, a feature
+    # adds no parameter and draws no random number.
+    tie_word_embeddings: bool = False  # the LM head is the input embedding (Llama 3.2, SmolLM2, Qwen2.5, Qwen3)
+    head_dim: int | None = None  # None: hidden_size / num_attention_heads (Qwen3's differs)
+    attention_qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
+    attention_out_bias: bool = False  # a bias on the output projection (Llama's attention_bias)
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys, before RoPE (Qwen3)
+    # RoPE scaling as transformers' rope_parameters hold it, less rope_theta: {"rope_type": "llama3", "factor": 32.0,
+    # ...}; rope_type one of ROPE_SCALING_KEYS (models/rope.py). None: plain RoPE.
+    rope_scaling_parameters: dict | None = None
+    # Mistral's and Qwen's sliding-window attention: kept so the model exports as it came, and accepted only where
+    # no sequence is longer than the window (the attention is full causal attention, which is then the same).
+    sliding_window: int | None = None
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -67,6 +83,10 @@ class AdaptiveDSConfig(PreTrainedConfig):
     num_local_experts: int = 8
     num_experts_per_tok: int | None = None  # None: the architecture's default (models/defaults.py)
     moe_layer_interval: int = 1
+    moe_intermediate_size: int | None = None  # a routed expert's width before granularity; None: intermediate_size
+    # k >= 2: the top-k gate weights renormalised over the k (Mixtral); False: the softmax probabilities as they are
+    # (Qwen3-MoE's norm_topk_prob false). Top-1 follows moe_renormalize_top1.
+    moe_norm_topk_prob: bool = True
     moe_capacity_factor: float = 1.25  # training only: inference is dropless (see moe.py)
     moe_min_capacity: int = 4
     # Training-time routing: True caps each expert at moe_capacity_factor of an even share (GShard; overflow is
@@ -129,6 +149,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
         if self.config_version > CONFIG_VERSION:  # its unset fields mean what a newer adaptive_ds says
             raise ValueError(f"config_version {self.config_version} is newer than this adaptive_ds reads "
                              f"({CONFIG_VERSION}); upgrade adaptive_ds to load it")
+        if self.head_dim is None and self.num_attention_heads >= 1:
+            self.head_dim = self.hidden_size // self.num_attention_heads
         defaults = dict(UNVERSIONED_DEFAULTS)
         if self.config_version >= 2:
             defaults.update(ARCHITECTURE_DEFAULTS.get(self.arch, {}))
@@ -151,12 +173,15 @@ class AdaptiveDSConfig(PreTrainedConfig):
             return found  # the checks below divide by these
         if self.arch not in ARCH_SPECS:
             found.append(f"arch {self.arch!r} is not one of {', '.join(ARCH_SPECS)}")
-        if self.hidden_size % self.num_attention_heads:
+        # (heads of another width than hidden / heads need an explicit head_dim)
+        quotient = self.hidden_size // self.num_attention_heads
+        if self.hidden_size % self.num_attention_heads and self.head_dim == quotient:
             found.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                          f"{self.num_attention_heads}")
         if self.num_attention_heads % self.num_key_value_heads:
             found.append(f"num_attention_heads {self.num_attention_heads} is not divisible by "
                          f"num_key_value_heads {self.num_key_value_heads}")
+        found += self._feature_problems()
         if self.uses_moe:
             found += self._moe_problems()
         if self.uses_mod:
@@ -170,6 +195,24 @@ class AdaptiveDSConfig(PreTrainedConfig):
                              f"got {self.mod_causal_routing!r}")
         return found
 
+    def _feature_problems(self) -> list[str]:
+        found = []
+        if self.head_dim < 2 or self.head_dim % 2:
+            found.append(f"head_dim must be an even number >= 2 (RoPE rotates pairs), got {self.head_dim}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            found.append(f"sliding_window must be >= 1 or null, got {self.sliding_window}")
+        scaling = self.rope_scaling_parameters
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+            if kind not in ROPE_SCALING_KEYS:
+                found.append(f"rope_scaling_parameters rope_type {kind!r} is not one of {', '.join(ROPE_SCALING_KEYS)} "
+                             "(null: plain RoPE)")
+            else:
+                missing = [key for key in ROPE_SCALING_KEYS[kind] if scaling.get(key) is None]
+                if missing:
+                    found.append(f"rope_scaling_parameters of rope_type {kind!r} needs {', '.join(missing)}")
+        return found
+
     def _moe_problems(self) -> list[str]:
         found = []
         if self.num_experts_per_tok > self.num_local_experts:
@@ -178,9 +221,10 @@ class AdaptiveDSConfig(PreTrainedConfig):
         if self.num_routed_experts % self.moe_ep_size:
             found.append(f"the {self.num_routed_experts} routed experts (num_local_experts x moe_expert_granularity) "
                          f"are not divisible by moe_ep_size {self.moe_ep_size}")
-        if self.intermediate_size % self.moe_expert_granularity:
-            found.append(f"intermediate_size {self.intermediate_size} is not divisible by moe_expert_granularity "
-                         f"{self.moe_expert_granularity}")
+        expert_width = self.moe_intermediate_size or self.intermediate_size
+        if expert_width % self.moe_expert_granularity:
+            found.append(f"the expert width {expert_width} (moe_intermediate_size, else intermediate_size) is not "
+                         f"divisible by moe_expert_granularity {self.moe_expert_granularity}")
         if self.moe_shared_experts < 0:
             found.append(f"moe_shared_experts must be >= 0, got {self.moe_shared_experts}")
         if self.moe_dispatch not in ("indexed", "deepspeed"):
@@ -199,6 +243,8 @@ class AdaptiveDSConfig(PreTrainedConfig):
             found.append("moe_balancing 'bias' needs moe_dispatch 'indexed' (DeepSpeed's gate has no routing bias)")
         if self.moe_bias_update_rate < 0:
             found.append(f"moe_bias_update_rate must be >= 0, got {self.moe_bias_update_rate}")
+        if not self.moe_norm_topk_prob and self.moe_dispatch == "deepspeed":
+            found.append("moe_norm_topk_prob false needs moe_dispatch 'indexed' (DeepSpeed's top-2 gate renormalises)")
         if self.moe_renormalize_top1 and self.moe_dispatch == "deepspeed":
             found.append("moe_renormalize_top1 needs moe_dispatch 'indexed' (DeepSpeed's top-1 gate weighs by the "
                          "gate probability)")
@@ -219,16 +265,12 @@ class AdaptiveDSConfig(PreTrainedConfig):
     @property
     def expert_intermediate_size(self) -> int:
         """The width of one routed (and one shared) expert."""
-        return self.intermediate_size // self.moe_expert_granularity
+        return (self.moe_intermediate_size or self.intermediate_size) // self.moe_expert_granularity
 
     @property
     def shared_intermediate_size(self) -> int:
         """The width of the shared experts together (0: none)."""
         return self.moe_shared_experts * self.expert_intermediate_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def arch_spec(self) -> ArchitectureSpec:

@@ -1,5 +1,8 @@
 """The adaptive_ds decoder: Llama-style blocks (RMSNorm, RoPE, GQA through SDPA, SwiGLU, no biases).
 
+The model families' features are configuration fields, each off by default: tied embeddings, an explicit
+`head_dim`, attention biases, q/k RMSNorm and RoPE scaling (`rope.py`).
+
 `AdaptiveDSConfig.arch` swaps in Mixture-of-Experts MLPs (`moe.py`) and Mixture-of-Depths routing (`mod.py`).
 The routing losses and statistics are returned with the hidden states; nothing is kept in module state.
 torch and transformers are all these files import: `final/` carries them and loads with `trust_remote_code=True`.
@@ -19,6 +22,7 @@ from transformers.utils import ModelOutput
 from .configuration import AdaptiveDSConfig
 from .mod import ROUTING_MODES, AdaptiveDSCache, LayerOutput, MixtureOfDepths, MoDRouting
 from .moe import MoEFeedForward, SwiGLU, update_routing_bias
+from .rope import rotary_embedding
 
 
 class RMSNorm(nn.Module):
@@ -33,14 +37,6 @@ class RMSNorm(nn.Module):
         x = hidden_states.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(hidden_states.dtype)
-
-
-def rotary_embedding(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos and sin of RoPE (Su et al. 2021) for `position_ids` (batch, seq): each (batch, seq, head_dim)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device).float() / head_dim)
-    angles = position_ids.float().unsqueeze(-1) * inv_freq  # (batch, seq, head_dim / 2)
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -75,16 +71,22 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        qkv_bias = config.attention_qkv_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_out_bias)
+        # Qwen3: RMSNorm over each head's dimensions, queries and keys, before RoPE
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, hidden_states, position_embeddings, key_padding_mask=None, cache: Cache | None = None):
         batch, seq_len, _ = hidden_states.shape
         q = self.q_proj(hidden_states).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *position_embeddings)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
@@ -219,24 +221,33 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
             if isinstance(layer, MixtureOfDepths):
                 layer.capacity = capacity
 
+    def _cache(self, cache: Cache | None, use_cache: bool | None) -> Cache | None:
+        """The KV cache a forward fills: the caller's, a new AdaptiveDSCache, or None where none is used."""
+        if use_cache is None:  # a cache is for generation: training would only hold on to memory
+            use_cache = self.config.use_cache and not self.training
+        if self.training or self.mod_routing == "topk":
+            use_cache = use_cache and not self.config.uses_mod  # top-k routing needs the whole sequence
+        if not use_cache:
+            return None
+        if cache is None:
+            return AdaptiveDSCache(config=self.config)
+        if self.config.uses_mod and not isinstance(cache, AdaptiveDSCache):
+            raise ValueError(f"a MoD model needs an AdaptiveDSCache (it records which tokens each routed block "
+                             f"cached), got {type(cache).__name__}")
+        return cache
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 use_cache=None, **kwargs) -> AdaptiveDSModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         seq_len = hidden_states.shape[1]
-        if use_cache is None:  # a cache is for generation: training would only hold on to memory
-            use_cache = self.config.use_cache and not self.training
-        if self.training or self.mod_routing == "topk":
-            use_cache = use_cache and not self.config.uses_mod  # top-k routing needs the whole sequence
-        if not use_cache:
-            cache = None
-        elif cache is None:
-            cache = AdaptiveDSCache(config=self.config)
-        elif self.config.uses_mod and not isinstance(cache, AdaptiveDSCache):
-            raise ValueError(f"a MoD model needs an AdaptiveDSCache (it records which tokens each routed block "
-                             f"cached), got {type(cache).__name__}")
+        cache = self._cache(cache, use_cache)
         past_len = cache.get_seq_length() if cache is not None else 0
+        window = self.config.sliding_window
+        if window is not None and past_len + seq_len > window:
+            raise ValueError(f"{past_len + seq_len} tokens exceed sliding_window {window}: adaptive_ds's attention is "
+                             "full causal attention, the same as a sliding window only within the window")
 
         key_padding_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -247,7 +258,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
             else:
                 position_ids = torch.arange(past_len, past_len + seq_len, device=hidden_states.device)[None]
         position_embeddings = rotary_embedding(
-            position_ids, self.config.head_dim, self.config.rope_theta, hidden_states.dtype
+            position_ids, self.config.head_dim, self.config.rope_theta, hidden_states.dtype,
+            self.config.rope_scaling_parameters, self.config.max_position_embeddings
         )
 
         moe_routing, mod_routing = [], []
@@ -280,6 +292,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
 
 
 class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # with tie_word_embeddings
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # forward creates an AdaptiveDSCache, which also tracks MoD routing

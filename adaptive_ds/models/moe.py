@@ -141,13 +141,16 @@ class Assignments:
 
 
 def route(logits: torch.Tensor, k: int, capacity: int | None, bias: torch.Tensor | None = None,
-          renormalize_top1: bool = False) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
+          renormalize_top1: bool = False,
+          renormalize: bool = True) -> tuple[Assignments, torch.Tensor, torch.Tensor]:
     """Top-k routing of `logits` (tokens, experts) with DeepSpeed's priorities; `capacity` None is dropless.
 
     `bias` (experts,): added to the gate probabilities to choose the top-k experts (and their order, so their
     capacity priority), not to the gate weights (DeepSeek-V3, arXiv 2412.19437, eq. 16).
     `renormalize_top1`: with k = 1, a kept token's weight is 1 in the forward pass (its probability renormalised
     over its one choice) with the probability's gradient (straight-through; see AdaptiveDSConfig).
+    `renormalize` False: with k >= 2, the weights are the gate probabilities as they are (Qwen3-MoE's
+    `norm_topk_prob` false).
     Returns the kept assignments, the demand per expert before the capacity limit, and the gate probabilities.
     """
     num_tokens, num_experts = logits.shape
@@ -170,7 +173,7 @@ def route(logits: torch.Tensor, k: int, capacity: int | None, bias: torch.Tensor
         kept = slot < capacity
         order = order[kept[order]]
         gate = gate * kept
-    if k > 1:  # renormalise over each token's kept choices (a fully dropped token gets no expert output)
+    if k > 1 and renormalize:  # renormalise over the kept choices (a fully dropped token gets no expert output)
         total = gate.view(k, num_tokens).sum(0).clamp_min(torch.finfo(gate.dtype).eps)
         gate = gate / total.repeat(k)
     elif renormalize_top1:  # (g - g) + 1: exactly 1 where kept, 0 where dropped, the gradient g's
@@ -192,6 +195,7 @@ class TopKRouter:
         self.drop_tokens = config.moe_drop_tokens
         self.jitter = config.moe_jitter
         self.renormalize_top1 = config.moe_renormalize_top1
+        self.renormalize = config.moe_norm_topk_prob
 
     def logits(self, tokens: torch.Tensor, weight: torch.Tensor, training: bool) -> torch.Tensor:
         """(tokens, experts) float32 router logits, with multiplicative jitter on the input in training (the draws
@@ -219,7 +223,8 @@ class TopKRouter:
     def top_k(self, logits: torch.Tensor, bias: torch.Tensor | None,
               capacity: int | None) -> tuple[Assignments, MoERouting]:
         """The kept assignments of `logits` and the routing's losses and counts (see `route`)."""
-        assignments, demand, probs = route(logits, self.k, capacity, bias, self.renormalize_top1)
+        assignments, demand, probs = route(logits, self.k, capacity, bias, self.renormalize_top1,
+                                              self.renormalize)
         # DeepSpeed's loss for every k (see the module doc): first choices for k <= 2, all choices beyond.
         if self.k > 2:
             aux_loss = load_balancing_loss(probs, demand, self.k)

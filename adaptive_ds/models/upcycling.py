@@ -49,10 +49,13 @@ from .spec import architecture_spec
 Reader = Callable[..., torch.Tensor]
 
 SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+# The family features that change which tensors a model holds (models/configuration.py): a source fixes them
+FEATURE_FIELDS = ("tie_word_embeddings", "head_dim", "attention_qkv_bias", "attention_out_bias", "qk_norm")
 # Fields a folder of our own fixes: they change which tensors the model holds (or, for a dense source, are its shape)
 STRUCTURAL_FIELDS = (*SHAPE_FIELDS, "vocab_size", "num_local_experts", "num_experts_per_tok", "moe_layer_interval",
                      "moe_expert_granularity", "moe_shared_experts", "moe_use_residual", "moe_balancing",
-                     "mod_layer_interval", "mod_causal_routing", "mod_predictor_hidden_size", "tie_word_embeddings")
+                     "mod_layer_interval", "mod_causal_routing", "mod_predictor_hidden_size", "moe_intermediate_size",
+                     *FEATURE_FIELDS)
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(?:block\.)?(.*)")
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _EXPERT = re.compile(r"mlp\.moe\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(\w+_proj)\.weight")
@@ -80,19 +83,24 @@ def copies_experts(source_arch: str, arch: str) -> bool:
 
 def fixed_fields(source_arch: str) -> tuple[str, ...]:
     """The config fields a source of `source_arch` fixes (a run may not set them): a plain model's shape, vocabulary
-    and embedding tying; any other's every field that changes which tensors the model holds."""
+    and family features (`FEATURE_FIELDS`: tied embeddings, head_dim, attention biases, q/k norm); any other's every
+    field that changes which tensors the model holds."""
     if architecture_spec(source_arch).plain:
-        return (*SHAPE_FIELDS, "vocab_size", "tie_word_embeddings")
+        return (*SHAPE_FIELDS, "vocab_size", *FEATURE_FIELDS)
     return STRUCTURAL_FIELDS
 
 
 def upcycling_problems(source_arch: str, arch: str, settings: dict) -> list[str]:
     """What keeps `settings` (AdaptiveDSConfig fields) from upcycling a `source_arch` model to `arch`, one line
     each."""
+    found = []
     if copies_experts(source_arch, arch) and settings.get("moe_use_residual") \
             and settings.get("moe_expert_granularity", 1) > 1:
-        return ["upcycling copies the dense MLP into PR-MoE's residual MLP, which needs moe_expert_granularity 1"]
-    return []
+        found.append("upcycling copies the dense MLP into PR-MoE's residual MLP, which needs moe_expert_granularity 1")
+    if copies_experts(source_arch, arch) and settings.get("moe_intermediate_size") is not None:
+        found.append("upcycling copies the dense MLP into the experts, whose width is then the dense MLP's: "
+                     "--model may not set moe_intermediate_size")
+    return found
 
 
 def upcycled_settings(source_arch: str, arch: str, settings: dict) -> dict:
@@ -119,8 +127,9 @@ def initial_tensors(model: torch.nn.Module, source_arch: str, read: Reader, ep_r
     num_local = config.num_routed_experts // config.moe_ep_size
     for name, own in model.state_dict().items():
         match = _LAYER.fullmatch(name)
-        if match is None:  # the embedding, the final norm, the LM head
-            yield name, _padded(read(name), own) if name in _VOCAB else read(name)
+        if match is None:  # the embedding, the final norm, the LM head (the embedding, where they are tied)
+            source = _VOCAB[0] if name == _VOCAB[1] and config.tie_word_embeddings else name
+            yield name, _padded(read(source), own) if name in _VOCAB else read(source)
             continue
         layer, inner = match.group(1), match.group(2)
         expert = _EXPERT.fullmatch(inner)

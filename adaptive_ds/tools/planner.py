@@ -104,6 +104,8 @@ def activation_bytes(config: AdaptiveDSConfig, layout: Layout, seq_len: int, che
     """Activation memory of one micro-batch on one rank, at its peak."""
     h, f = config.hidden_size, config.intermediate_size
     kv = config.num_key_value_heads * config.head_dim
+    q = config.num_attention_heads * config.head_dim
+    qk_norm = (2 * q + 2 * kv) * config.qk_norm  # the normalised queries and keys
     scale = 1 if layout.half_precision else 2  # bytes counted for half precision
     tokens = layout.micro_batch * seq_len
     per_layer = []
@@ -112,7 +114,7 @@ def activation_bytes(config: AdaptiveDSConfig, layout: Layout, seq_len: int, che
         if config.is_moe_layer(i):  # the top-k routed experts' and the shared experts' widths
             mlp = 4 * h + 8 * (config.expert_intermediate_size * config.num_routed_experts_per_tok
                                + config.shared_intermediate_size)
-        full = 8 * h + 4 * kv + mlp
+        full = 6 * h + 2 * q + 4 * kv + qk_norm + mlp
         if config.is_mod_layer(i):
             full = full * config.mod_capacity + 2 * h  # routed share, plus the skipped tokens' residual
         per_layer.append(full * tokens * scale)

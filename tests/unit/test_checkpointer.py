@@ -187,10 +187,13 @@ def test_a_checkpoint_holds_the_keys_a_checkpoint_of_the_code_before_named_state
     where = tmp_path / "run" / "checkpoints" / "step00000002"
     for name in ("run.json", "data_rank0.json"):
         ours, before = json.loads((where / name).read_text()), _fixture(name, tmp_path)
-        if name == "run.json":  # the model config's own fields changed since, and only these (models/defaults.py)
+        if name == "run.json":  # the model config's own fields changed since, and only these: config_version
+            # (models/defaults.py) and the model families' features (all off by default)
             model, old_model = ours["identity"].pop("model"), before["identity"].pop("model")
+            features = {"head_dim", "attention_qkv_bias", "attention_out_bias", "qk_norm", "rope_scaling_parameters",
+                        "sliding_window", "moe_intermediate_size", "moe_norm_topk_prob"}
             assert (set(model) - set(old_model), set(old_model) - set(model)) == (
-                {"config_version"}, {"moe_eval_capacity_factor"})
+                {"config_version", *features}, {"moe_eval_capacity_factor"})
         assert _keys(ours) == _keys(before), name
 
 

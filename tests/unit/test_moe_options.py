@@ -255,7 +255,8 @@ def test_bad_moe_options_are_all_named_at_once(tiny_config):
         tiny_config("moe", moe_expert_granularity=3, moe_dispatch="deepspeed", moe_balancing="bias",
                     moe_shared_experts=-1)
     message = str(error.value)
-    assert "intermediate_size 64 is not divisible by moe_expert_granularity 3" in message
+    assert ("the expert width 64 (moe_intermediate_size, else intermediate_size) is not divisible by "
+            "moe_expert_granularity 3") in message
     assert "top-6 (num_experts_per_tok x moe_expert_granularity) needs moe_dispatch 'indexed'" in message
     assert "moe_balancing 'bias' needs moe_dispatch 'indexed'" in message
     assert "moe_shared_experts must be >= 0" in message
