@@ -1,7 +1,7 @@
 """`--init_from`: a run that starts from pretrained weights instead of random ones.
 
 The source is a folder of a Hugging Face model (a local folder, or a Hub id resolved through the HF cache) holding
-a model of a registered family (`models.families`: a stock `LlamaForCausalLM`, a stock `MixtralForCausalLM` or one
+a model of a registered family (`models.families`: a stock Llama, Mistral, Qwen2, Qwen3, Mixtral or Qwen3-MoE, or one
 of adaptive_ds's own `final/` folders), its weights as safetensors (one file or an index of shards), with its
 tokenizer. The family, found by the config's `model_type`, says which architecture the folder holds, which config
 fields it fixes, which of its features the model lacks and how its weights map to ours; this module asks it and
@@ -27,9 +27,10 @@ What comes from where:
   streamed text is tokenized with the folder's tokenizer unless `--tokenizer` on the command line names one (a
   ds_config's tokenizer, written for runs from scratch, does not); the embedded corpus needs a
   folder whose tokenizer is the embedded corpus's.
-- Llama and Mixtral features the model does not have are refused in one line each: scaled RoPE (`rope_scaling`, a
-  `rope_parameters` type other than the default), `attention_bias`, `mlp_bias`, `sliding_window`, tied
-  embeddings, a `head_dim` other than hidden / heads, an activation other than SiLU.
+- The families' features come with the folder (tied embeddings, RoPE scaling, attention biases, q/k norm, an
+  explicit head_dim: `models.families`); a sliding window is accepted where it is no shorter than the run's
+  `seq_len`, when it changes nothing. A feature the model does not have is refused in one line each (the family
+  says which: an activation other than SiLU, MLP biases, partial rotary embeddings, a RoPE scaling of another type).
 
 Starting from weights is not resuming: the run gets a fresh optimizer, schedule and data position, and counts its own
 steps and tokens. Its identity records the source, a content hash of the files it reads (config, tokenizer, the
@@ -179,9 +180,6 @@ class Source:
         """The features of the folder's family that the model does not have, one line each."""
         c, name = self.config, self.name
         found = [f"init_from {name!r} {problem}" for problem in self.family.feature_problems(c)]
-        if c.tie_word_embeddings:
-            found.append(f"init_from {name!r} ties its input and output embeddings (tie_word_embeddings); "
-                         "adaptive_ds's models keep them apart")
         if not self.weight_files():
             bins = [f for f in os.listdir(self.folder) if f.endswith(".bin")]
             what = f"holds {', '.join(bins[:3])} but no safetensors" if bins else "holds no model.safetensors"
@@ -311,6 +309,11 @@ class Source:
         """What is wrong with starting `arch` from the folder (`preset`: the preset named on the command line or in
         the ds_config, None when none is), for the settings check: one line per problem."""
         found = self.feature_problems() + self.arch_problems(arch, overrides)
+        window, seq_len = self.fields.get("sliding_window"), self.seq_len(preset or self.matching_preset())
+        if window is not None and window < seq_len:
+            found.append(f"init_from {self.name!r} attends within a sliding window of {window} tokens, shorter than "
+                         f"the run's seq_len {seq_len}; adaptive_ds's attention is full causal attention, the same "
+                         f"only within the window: name a preset of seq_len <= {window}")
         conflicts = self.preset_conflicts(preset) if preset in PRESETS else []
         if conflicts:
             shaped = self.matching_preset() or "none matches"

@@ -47,19 +47,19 @@ def test_bad_folders_are_refused_in_one_line_each(tmp_path, llama):
 
 
 @pytest.mark.parametrize("feature, words", [
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE"),
-    ({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
-    ({"tie_word_embeddings": True}, "tie_word_embeddings"), ({"head_dim": 16}, "head_dim 16"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor"),
+    ({"mlp_bias": True}, "mlp_bias"), ({"hidden_act": "gelu"}, "hidden_act"),
 ])
 def test_llama_features_the_model_lacks_are_refused_in_one_line_each(tmp_path, feature, words):
     folder = llama_folder(tmp_path / "llama", **feature)
     _one_line(problems(str(folder), "dense", {}, None), words)
 
 
-def test_a_mixtral_with_a_sliding_window_is_refused(tmp_path):
-    folder = mixtral_folder(tmp_path / "mixtral", sliding_window=16)
-    _one_line(problems(str(folder), "moe", {}, None), "sliding_window 16")
+def test_a_sliding_window_shorter_than_the_runs_sequence_is_refused(tmp_path):
+    folder = mixtral_folder(tmp_path / "mixtral", sliding_window=16)  # the run's seq_len: max_position 64
+    _one_line(problems(str(folder), "moe", {}, None), "sliding window of 16 tokens", "seq_len 64")
+    assert problems(str(mixtral_folder(tmp_path / "wide", sliding_window=64)), "moe", {}, None) == []
     _one_line(problems(str(mixtral_folder(tmp_path / "plain")), "dense", {}, None), "starts --arch moe only")
 
 

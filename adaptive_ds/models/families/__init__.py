@@ -17,12 +17,15 @@ imports) does not import this package.
 """
 
 from .llama import LLAMA
+from .mistral import MISTRAL
 from .mixtral import MIXTRAL
 from .own import ADAPTIVE_DS
+from .qwen2 import QWEN2
+from .qwen3 import QWEN3
 from .registry import FAMILIES, Family, exportable, family_of, register_family, supported
 
-for _family in (LLAMA, MIXTRAL, ADAPTIVE_DS):
+for _family in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, ADAPTIVE_DS):
     register_family(_family)
 
-__all__ = ["ADAPTIVE_DS", "FAMILIES", "LLAMA", "MIXTRAL", "Family", "exportable", "family_of", "register_family",
-           "supported"]
+__all__ = ["ADAPTIVE_DS", "FAMILIES", "LLAMA", "MISTRAL", "MIXTRAL", "QWEN2", "QWEN3", "Family", "exportable",
+           "family_of", "register_family", "supported"]

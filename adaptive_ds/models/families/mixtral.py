@@ -23,7 +23,7 @@ from transformers import MixtralConfig, MixtralForCausalLM, PreTrainedConfig
 
 from ..configuration import AdaptiveDSConfig
 from ..upcycling import Reader
-from .llama import llama_config_fields, llama_feature_problems, llama_fields
+from .llama import feature_mismatch, llama_feature_problems, llama_fields, stock_config_fields
 from .registry import Family
 
 _OURS = r"model\.layers\.(\d+)\.mlp\.moe\.deepspeed_moe\."
@@ -75,6 +75,9 @@ def mixtral_incompatibility(config: AdaptiveDSConfig) -> str | None:
     matter: it applies in training only, and inference is dropless (see models/moe.py).
     """
     reasons = []
+    attention = feature_mismatch(config, "Mixtral", sliding_window=True)
+    if attention:
+        reasons.append(attention)
     if not config.uses_moe or config.uses_mod:
         reasons.append(f"arch is {config.arch!r}, not 'moe'")
     if config.num_routed_experts_per_tok == 1 and not config.moe_renormalize_top1:
@@ -88,6 +91,10 @@ def mixtral_incompatibility(config: AdaptiveDSConfig) -> str | None:
         reasons.append("shared experts have no Mixtral equivalent")
     if config.moe_balancing == "bias":
         reasons.append("the routing bias (moe_balancing 'bias') has no Mixtral equivalent")
+    if not config.moe_norm_topk_prob:
+        reasons.append("the top-k weights are not renormalised (moe_norm_topk_prob false), Mixtral's are")
+    if config.moe_intermediate_size not in (None, config.intermediate_size):
+        reasons.append("the experts' width is not intermediate_size (moe_intermediate_size), Mixtral's is")
     return "; ".join(reasons) or None
 
 
@@ -112,13 +119,19 @@ def to_mixtral(model) -> MixtralForCausalLM:
     if reason:
         raise ValueError(f"--to mixtral: routing semantics differ: {reason}")
     config = model.config
-    fields = {**llama_config_fields(config), "intermediate_size": config.expert_intermediate_size}
+    fields = {**stock_config_fields(config), "intermediate_size": config.expert_intermediate_size,
+              "sliding_window": config.sliding_window}
     mixtral = MixtralForCausalLM(MixtralConfig(**fields, num_local_experts=config.num_routed_experts,
                                                num_experts_per_tok=config.num_routed_experts_per_tok))
     mixtral.load_state_dict(mixtral_state(config, model.state_dict()), strict=True)
     return mixtral.to(model.dtype)
 
 
-MIXTRAL = Family("mixtral", "MixtralForCausalLM", MixtralConfig, "moe", llama_fields, routing=mixtral_routing,
+def mixtral_fields(config: PreTrainedConfig) -> dict:
+    """Llama's fields and Mistral's sliding window."""
+    return {**llama_fields(config), "sliding_window": config.sliding_window}
+
+
+MIXTRAL = Family("mixtral", "MixtralForCausalLM", MixtralConfig, "moe", mixtral_fields, routing=mixtral_routing,
                  feature_problems=llama_feature_problems, reader=mixtral_reader,
                  export_problem=mixtral_incompatibility, to_stock=to_mixtral)

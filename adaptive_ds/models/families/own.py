@@ -6,6 +6,7 @@ a dense one starts any architecture (upcycled, models/upcycling.py). Exporting o
 from __future__ import annotations
 
 from ..configuration import AdaptiveDSConfig
+from ..upcycling import FEATURE_FIELDS
 from .registry import NAMED_FIELDS, Family
 
 # what a folder's config holds that the model a run builds from it does not take over: the expert-parallel split
@@ -14,8 +15,10 @@ RUN_FIELDS = ("moe_ep_size", "bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def own_fields(config: AdaptiveDSConfig) -> dict:
-    """The fields every architecture started from one of our folders keeps: shape, norm epsilon, RoPE, context."""
-    return {**{name: getattr(config, name) for name in NAMED_FIELDS}, "rope_theta": config.rope_theta}
+    """The fields every architecture started from one of our folders keeps: shape, norm epsilon, RoPE (base and
+    scaling), context and the family features (tied embeddings, head width, attention biases, q/k norm, window)."""
+    kept = (*NAMED_FIELDS, "rope_theta", "rope_scaling_parameters", "sliding_window", *FEATURE_FIELDS)
+    return {name: getattr(config, name) for name in kept}
 
 
 def own_settings(config: AdaptiveDSConfig) -> dict:
