@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 
 from ..ds_checkpoint import CheckpointError, load_checkpoint
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM
-from ..models.families import FAMILIES, exportable
+from ..models.families import FAMILIES, auto_export_model_type, exportable
 from .final import save_standalone
 
 __all__ = ["convert", "load_any", "main"]
@@ -52,11 +52,12 @@ AUTO = "auto"
 
 
 def target(model: AdaptiveDSForCausalLM, model_type: str) -> str:
-    """The family `--to model_type` names: itself, or for `auto` the family the model's weights came from;
-    ValueError in one line where there is none."""
+    """The family `--to model_type` names: itself, or for `auto` the family the model's weights came from (for an MoE
+    model upcycled from a dense family, that family's MoE sibling, `Family.upcycled_model_type`); ValueError in one
+    line where there is none."""
     if model_type != AUTO:
         return model_type
-    source = model.config.source_model_type
+    source = auto_export_model_type(model.config)
     if source not in exportable():
         started = (f"started from a {source!r} model, which no stock class is exported to" if source else
                    "started from no stock model (trained from scratch, or from an adaptive_ds folder that did)")

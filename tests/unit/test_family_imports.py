@@ -148,3 +148,23 @@ def test_an_moe_folder_imports_as_moe_and_exports_back_with_auto(name, tmp_path)
     assert model.config.arch == "moe" and _gap(model, stock) < 1e-5
     back = convert(model, "auto")
     assert type(back) is stock_class and _gap(back.eval(), stock) < 1e-5
+
+
+@pytest.mark.parametrize("name, sibling", [("llama", MixtralForCausalLM), ("mistral", MixtralForCausalLM),
+                                           ("qwen3", Qwen3MoeForCausalLM)])
+def test_an_upcycled_model_exports_with_auto_to_its_familys_moe_class(name, sibling, tmp_path):
+    stock_class, config = FOLDERS[name]
+    torch.manual_seed(0)
+    stock = perturbed(stock_class(config))
+    stock.save_pretrained(tmp_path)
+    model = _imported(tmp_path, "moe", moe_drop_tokens=False)
+    back = convert(model, "auto")
+    assert type(back) is sibling and _gap(back.eval(), stock) < 1e-5
+
+
+def test_an_upcycled_model_of_a_family_without_an_moe_sibling_is_refused_with_auto(tmp_path):
+    stock_class, config = FOLDERS["qwen2.5"]
+    stock_class(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="MoE layers have no Qwen2 equivalent") as refused:
+        convert(_imported(tmp_path, "moe"), "auto")
+    assert "\n" not in str(refused.value)

@@ -305,3 +305,16 @@ def test_a_folder_of_no_presets_shape_trains_at_its_own_context_up_to_2048(tmp_p
                       "x")
     assert "None" not in card and "debug" not in card and "\n# adaptive_ds dense\n" in card
     assert "| preset | none (the shape of the weights it started from) |" in card
+
+
+def test_an_init_from_checkpoint_saved_before_the_config_recorded_its_family_and_token_ids_resumes():
+    """`source_model_type` and the special tokens' ids are what the config records beside the model's function: an
+    identity without them (or with the token ids of before) resumes; a field of the function still does not."""
+    from adaptive_ds.models import AdaptiveDSConfig
+    from adaptive_ds.training.checkpoint.identity import with_new_model_fields
+
+    now = AdaptiveDSConfig(source_model_type="llama", bos_token_id=1, pad_token_id=2).to_dict()
+    before = {k: v for k, v in now.items() if k != "source_model_type"} | {"bos_token_id": None, "pad_token_id": None}
+    check_compatible(with_new_model_fields({"model": before}), {"model": now}, "")
+    with pytest.raises(CheckpointError, match="model.hidden_size"):
+        check_compatible(with_new_model_fields({"model": {**before, "hidden_size": 64}}), {"model": now}, "")
