@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 # checkouts (or two virtualenvs) never rebuild over each other's cache.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: setup train test golden lint clean gpu-check
+.PHONY: setup train test golden lint clean gpu-check slurm-deps
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,21 @@ train: setup
 # workers on two cores finish in about half the time; worksteal evens out the long end-to-end tests.
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 8 --dist worksteal -m "not golden"
+
+# Slurm and munge from Debian's packages, for the tests that run a job on a one-node Slurm of this machine
+# (tests/integration/test_slurm.py): installed once, as root with apt-get; where they cannot be, it says why and those
+# tests skip. CI runs it before `make test`.
+SLURM_PROGRAMS := slurmctld slurmd sbatch munged
+slurm-deps:
+	@missing=; for program in $(SLURM_PROGRAMS); do command -v $$program >/dev/null || missing=$$program; done; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "slurm-deps: installing slurm-wlm and munge needs root and apt-get; the Slurm tests will skip"; \
+	else \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			slurm-wlm munge >/dev/null \
+		|| echo "slurm-deps: apt-get could not install slurm-wlm and munge; the Slurm tests will skip"; \
+	fi
 
 # The recorded losses, bit for bit (tests/fixtures/golden_losses.json): a change to the training wing keeps them.
 golden: setup

@@ -30,7 +30,7 @@ COMMANDS = {
                                                       "deepspeed launchers/train.py, torchrun or accelerate launch)"),
     "plan": Command("adaptive_ds.tools.plan", "memory, throughput and cost of a preset on a GPU, and what fits"),
     "grid": Command("adaptive_ds.tools.grid", "variants x seeds trained side by side, their tables and plots"),
-    "export": Command("adaptive_ds.export.convert", "a checkpoint as a Hugging Face folder, or stock Llama / Mixtral"),
+    "export": Command("adaptive_ds.export.convert", "a checkpoint as a Hugging Face folder, or a stock class"),
     "generate": Command("adaptive_ds.generate", "sample text from a trained model"),
     "bench": Command("adaptive_ds.tools.benchmark", "side-by-side throughput, peak memory or generation speed"),
     "acceptance": Command("adaptive_ds.tools.acceptance", "the GPU acceptance run (a dry run without CUDA)"),

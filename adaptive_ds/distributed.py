@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -58,6 +59,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    problem = gloo_address_problem(os.environ) if backend == "gloo" else None
+    if problem:
+        raise UnreachableAddress(problem)
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     try:
         if os.environ.get("WORLD_SIZE") == "1":
@@ -78,6 +82,64 @@ def init_distributed(timeout_s: float | None = None) -> None:
             raise
         raise PortInUse(f"the rendezvous port {os.environ['MASTER_PORT']} is in use (another run on this machine?); "
                         f"pick another with {choice}") from None
+
+
+class UnreachableAddress(Exception):
+    """gloo would give the other machines an address of this one that they cannot reach: the run could only fail,
+    so it stops before it joins, with the setting that fixes it."""
+
+
+def gloo_address_problem(environ: Mapping[str, str], hostname: str | None = None) -> str | None:
+    """Why gloo's connections between machines cannot work, in one sentence, or None.
+
+    Without GLOO_SOCKET_IFNAME gloo listens on the first address of this host's name that it can bind, or on the
+    loopback address where there is none (torch's GlooDeviceFactory), and gives it to every other process. Many
+    hosts name themselves with a loopback address (Debian's /etc/hosts: 127.0.1.1, a container's: 127.0.0.1): the
+    other machines would dial their own loopback, and gloo's connection set-up would fail with words that blame a
+    lost process (and a stop line that advises a rerun, which cannot help). Only a world that spans machines (a
+    launcher's local process count below the world size) at a rendezvous address that is not loopback is judged: at
+    a loopback MASTER_ADDR every process runs on this machine, which loopback reaches.
+    """
+    world = int(environ.get("WORLD_SIZE", "1"))
+    local = environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE")  # torchrun's, deepspeed's launcher's
+    if "GLOO_SOCKET_IFNAME" in environ or not (local or "").isdigit() or int(local) >= world:
+        return None
+    if _resolves_to_loopback(environ.get("MASTER_ADDR", "")) is not False:
+        return None
+    hostname = hostname or socket.gethostname()
+    address = _bindable_address(hostname)
+    if address is not None and not ipaddress.ip_address(address).is_loopback:
+        return None
+    why = (f"this host's name {hostname!r} resolves to {address}" if address else
+           f"this host's name {hostname!r} resolves to no address of this host, so gloo falls back to 127.0.0.1")
+    return (f"the run spans {world // int(local)} machines, but gloo would listen on loopback ({why}), which the "
+            "other machines cannot reach; set GLOO_SOCKET_IFNAME on every machine to its network interface that "
+            "reaches the others (`ip -brief address` lists them)")
+
+
+def _resolves_to_loopback(host: str) -> bool | None:
+    """Whether every address of `host` is a loopback one; None where it does not resolve (torch will say so)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return None
+    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def _bindable_address(hostname: str) -> str | None:
+    """The first address of `hostname` that a socket on this machine can bind, as gloo picks it; None if none."""
+    try:
+        infos = socket.getaddrinfo(hostname, 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(address)
+            return address[0].split("%")[0]
+        except OSError:
+            continue
+    return None
 
 
 DEFAULT_TIMEOUT_S = 1800  # the rendezvous's bound when the run gives none (gloo's default collective timeout)

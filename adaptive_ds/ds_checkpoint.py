@@ -13,7 +13,8 @@ import json
 import os
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GenerationConfig
+from transformers.utils import GENERATION_CONFIG_NAME
 
 from .models import AdaptiveDSConfig, AdaptiveDSForCausalLM
 
@@ -40,7 +41,8 @@ def resolve_tag_dir(path: str) -> str:
 
 
 def load_checkpoint(path: str) -> tuple[AdaptiveDSForCausalLM, object]:
-    """The model (all experts, ep_size 1) and tokenizer of a DeepSpeed checkpoint written by the trainer."""
+    """The model (all experts, ep_size 1, with the checkpoint's generation config) and tokenizer of a DeepSpeed
+    checkpoint written by the trainer."""
     tag_dir = resolve_tag_dir(path)
     try:
         with open(os.path.join(tag_dir, "run.json")) as f:
@@ -65,5 +67,7 @@ def load_checkpoint(path: str) -> tuple[AdaptiveDSForCausalLM, object]:
     config = AdaptiveDSConfig.from_dict({**config_dict, "moe_ep_size": 1})
     model = AdaptiveDSForCausalLM(config)
     model.load_state_dict(module, strict=True)
+    if os.path.isfile(os.path.join(tag_dir, GENERATION_CONFIG_NAME)):  # written since checkpoints carry it
+        model.generation_config = GenerationConfig.from_pretrained(tag_dir)
     return model.to(next(iter(module.values())).dtype), AutoTokenizer.from_pretrained(
         os.path.join(tag_dir, "tokenizer"))

@@ -26,7 +26,9 @@ What comes from where:
 - The tokenizer comes with the weights: data prepared or streamed with another vocabulary is refused in one line;
   streamed text is tokenized with the folder's tokenizer unless `--tokenizer` on the command line names one (a
   ds_config's tokenizer, written for runs from scratch, does not); the embedded corpus needs a
-  folder whose tokenizer is the embedded corpus's.
+  folder whose tokenizer is the embedded corpus's. Checkpoints and final/ carry the folder's own tokenizer (its
+  special tokens and chat template as the folder has them) and its generation_config.json (`CHAT_FILES`), so the
+  trained model chats as the base did; the model's bos, eos and pad ids are that tokenizer's.
 - The families' features come with the folder (tied embeddings, RoPE scaling, attention biases, q/k norm, an
   explicit head_dim: `models.families`); a sliding window is accepted where it is no shorter than the run's
   `seq_len`, when it changes nothing. A feature the model does not have is refused in one line each (the family
@@ -53,7 +55,8 @@ from functools import cached_property
 
 import torch
 from safetensors import safe_open
-from transformers import AutoTokenizer, PreTrainedConfig
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedConfig
+from transformers.utils import GENERATION_CONFIG_NAME
 
 from .models import ARCH_SPECS, AdaptiveDSConfig, architecture_spec
 from .models.families import FAMILIES, Family, family_of, supported
@@ -66,6 +69,8 @@ logger = logging.getLogger(__name__)
 # the shards the index names, or model.safetensors (`source_files`)
 SOURCE_FILES = ("config.json", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
                 "added_tokens.json", "vocab.*", "merges.txt", "*.model")
+# What final/ takes from the folder besides the tokenizer: read, not hashed (they change no token the run trains on)
+CHAT_FILES = ("generation_config.json", "chat_template.jinja", "additional_chat_templates/*")
 INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
@@ -83,7 +88,7 @@ def resolve(name: str, weights: bool = True) -> str:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:  # the config, tokenizer and index first, then only the weights they name (a repository may hold others)
-        folder = snapshot_download(name, allow_patterns=list(SOURCE_FILES))
+        folder = snapshot_download(name, allow_patterns=[*SOURCE_FILES, *CHAT_FILES])
         return snapshot_download(name, allow_patterns=_weight_names(folder)) if weights else folder
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise ValueError(f"init_from {name!r} is no local folder, and no Hub model in the HF cache or reachable "
@@ -226,7 +231,7 @@ class Source:
             return AdaptiveDSConfig(**{**own, "vocab_size": vocab, **overrides})
         experts = PRESETS[preset] if preset is not None else AdaptiveDSConfig()  # no preset: the model's defaults
         fields = dict(arch=arch, vocab_size=vocab, **self.fields, num_local_experts=experts.num_local_experts,
-                      num_experts_per_tok=experts.num_experts_per_tok)
+                      num_experts_per_tok=experts.num_experts_per_tok, source_model_type=self.source_model_type)
         fields.update(VARIANTS[arch].model)
         fields.update(self.family.routing(c))  # the family's own routing (Mixtral's), over the variant's defaults
         fields.update(overrides)
@@ -235,12 +240,29 @@ class Source:
         fields.update({k: v for k, v in upcycled.items() if k not in overrides})
         return AdaptiveDSConfig(**fields)
 
+    @property
+    def source_model_type(self) -> str | None:
+        """The stock family the weights come from: the folder's own, or the one our folder recorded (None: ours
+        from scratch)."""
+        own = self.family.own_settings(self.config)
+        return self.model_type if own is None else own.get("source_model_type")
+
     def tokenizer(self):
         try:
             return AutoTokenizer.from_pretrained(self.folder)
         except (OSError, ValueError) as error:
             raise ValueError(f"init_from {self.name!r} has no tokenizer that loads ({type(error).__name__}); the "
                              "tokenizer comes with the weights") from None
+
+    def generation_config(self) -> GenerationConfig | None:
+        """The folder's generation_config.json (its eos, bos and pad ids, its sampling defaults), or None."""
+        if not os.path.isfile(os.path.join(self.folder, GENERATION_CONFIG_NAME)):
+            return None
+        try:
+            return GenerationConfig.from_pretrained(self.folder)
+        except (OSError, ValueError, TypeError) as error:
+            raise ValueError(f"init_from {self.name!r}: its {GENERATION_CONFIG_NAME} does not load "
+                             f"({type(error).__name__}); fix or remove it") from None
 
     def check_tokenizer(self, tokenizer, data: str) -> None:
         """The run's data must be tokenized with the folder's vocabulary; ValueError in one line otherwise."""

@@ -4,7 +4,8 @@
 
 MODEL is a run's final/ folder (or an exported or downloaded one); --data a JSON-lines file with a "text" field.
 Only the LoRA adapters on the attention projections train; --out gets the adapters (peft's format) and, in
---out/merged, the model with the adapters merged in, a folder that loads as the original did.
+--out/merged, the model with the adapters merged in, a folder that loads as the original did: an adaptive_ds model
+with its source files, so that torch and transformers alone load it (`trust_remote_code=True`), as they load final/.
 """
 
 import argparse
@@ -23,6 +24,7 @@ from transformers import (
 )
 
 import adaptive_ds.models  # noqa: F401  (registers the Auto classes)
+from adaptive_ds.export.final import save_standalone
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -57,8 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     model.save_pretrained(args.out)
     merged = os.path.join(args.out, "merged")
-    model.merge_and_unload().save_pretrained(merged)
-    tokenizer.save_pretrained(merged)
+    save_standalone(model.merge_and_unload(), tokenizer, merged)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     report = {"losses": losses, "adapters": args.out, "merged": merged}
     print(json.dumps(report))

@@ -54,7 +54,11 @@ class TrainingData:
         return {"data_skipped": dict(self.skipped)}
 
     def _batch(self, rows: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        """Rows padded on the right to `seq_len` with the tokenizer's pad token, or its EOS where it has none (Llama
+        3). Padding is labelled -100, so it is in no loss, and it follows every real token of its row, so causal
+        attention shows it to none."""
         pad = self.tokenizer.pad_token_id
+        pad = self.tokenizer.eos_token_id if pad is None else pad
         input_ids = torch.full((len(rows), self.seq_len), pad, dtype=torch.long)
         labels = torch.full((len(rows), self.seq_len), -100, dtype=torch.long)
         for i, row in enumerate(rows):

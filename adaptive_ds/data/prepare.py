@@ -4,9 +4,10 @@ epochs, and a resume that is a seek).
 
     python -m adaptive_ds.data.prepare --data SRC --tokenizer bpe:32768 --out DIR [--seq_len L] [--workers N]
 
-DIR holds `train_NNNNN.bin` and `validation_00000.bin` (flat uint16/uint32 token streams, documents joined by
-EOS: numpy memmaps), `tokenizer/`, and `manifest.json` (source, tokenizer and its hash, token and document
-counts per split, each shard's token count: the index). The manifest is written last and atomically, so a
+DIR holds `train_NNNNN.bin` and `validation_00000.bin` (flat uint16/uint32 token streams of documents framed as
+their tokenizer frames them, `text.Framing`: a BOS where it adds one, an EOS after each; numpy memmaps),
+`tokenizer/`, and `manifest.json` (source, tokenizer and its hash, its BOS and EOS ids as framed, token and
+document counts per split, each shard's token count: the index). The manifest is written last and atomically, so a
 directory without one is a partial prepare: it is never trained on, and the next prepare starts it over.
 Re-running with the same arguments is a no-op; with other arguments it is refused.
 """
@@ -32,7 +33,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from .prepared import FORMAT_VERSION, MANIFEST, PREPARING, SPLITS, TOKENIZER_DIR, read_manifest, tokenizer_hash
-from .text import is_validation, load_tokenizer, open_documents
+from .text import Framing, is_validation, load_tokenizer, open_documents
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class _ShardWriter:
 
 
 _worker_tokenizer = None
+_worker_framing: Framing | None = None
 
 
 def _init_worker(tokenizer_dir: str) -> None:
@@ -98,21 +100,21 @@ def _init_worker(tokenizer_dir: str) -> None:
     terminates the pool."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    global _worker_tokenizer
+    global _worker_tokenizer, _worker_framing
     _worker_tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    _worker_framing = Framing.of(_worker_tokenizer)
 
 
 def tokenize_batch(texts: list[str], seed: int, share: float) -> tuple[np.ndarray, int, np.ndarray, int]:
     """One batch in a worker: (train tokens, train documents, validation tokens, validation documents), each
-    document's tokens followed by EOS. Batched: the fast tokenizer splits a batch over its own threads."""
-    tok = _worker_tokenizer
-    ids = tok(texts, add_special_tokens=False).input_ids
-    eos = [tok.eos_token_id]
+    document framed (a BOS where the tokenizer adds one, its tokens, an EOS). Batched: the fast tokenizer splits a
+    batch over its own threads."""
+    ids = _worker_framing.documents(_worker_tokenizer, texts)
     parts: dict[bool, list[int]] = {False: [], True: []}
     counts = Counter()
     for text, doc in zip(texts, ids, strict=True):
         held_out = is_validation(text, seed, share)
-        parts[held_out] += doc + eos
+        parts[held_out] += doc
         counts[held_out] += 1
     return (np.array(parts[False], dtype=np.int64), counts[False], np.array(parts[True], dtype=np.int64),
             counts[True])
@@ -157,6 +159,8 @@ def prepare(args: PrepareArguments, out: str, workers: int | None = None, batch_
         json.dump(arguments, f)
     tokenizer = load_tokenizer(args.tokenizer, sample)
     tokenizer.save_pretrained(os.path.join(out, TOKENIZER_DIR))
+    # as the workers frame documents: with the tokenizer saved, read back
+    framing = Framing.of(AutoTokenizer.from_pretrained(os.path.join(out, TOKENIZER_DIR)))
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 1 << 16 else np.uint32)
     writers = {split: _ShardWriter(out, split, dtype, shard_tokens) for split in SPLITS}
     skipped = Counter()
@@ -178,7 +182,7 @@ def prepare(args: PrepareArguments, out: str, workers: int | None = None, batch_
     seconds = time.perf_counter() - started
     manifest = {"format": FORMAT_VERSION, "arguments": arguments, "source": args.data,
                 "tokenizer": args.tokenizer, "tokenizer_sha256": tokenizer_hash(out), "vocab_size": len(tokenizer),
-                "dtype": dtype.name, "eos_token_id": tokenizer.eos_token_id,
+                "dtype": dtype.name, "bos_token_id": framing.bos, "eos_token_id": framing.eos,
                 **{split: writers[split].record() for split in SPLITS}, "skipped": dict(skipped),
                 "seconds": round(seconds, 2)}
     _write_manifest(out, manifest)

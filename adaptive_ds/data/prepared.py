@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 from functools import lru_cache
 
 import numpy as np
 from transformers import AutoTokenizer
+
+from .text import Framing
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 PREPARING = "PREPARING"  # present while a prepare is writing; a directory with it and no manifest is partial
@@ -82,6 +87,10 @@ class PreparedCorpus:
                     raise ValueError(f"prepared data {directory!r}: {shard['file']} holds {size} bytes, its manifest "
                                      f"says {shard['tokens']} tokens of {self.dtype.name}; prepare it again")
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.join(directory, TOKENIZER_DIR))
+        if "bos_token_id" not in self.manifest and Framing.of(self.tokenizer).bos is not None:
+            logger.warning("prepared data %s was made before documents began with their tokenizer's BOS, and its "
+                           "tokenizer has one: its documents lack it; prepare it again into a new --out to add it",
+                           directory)
         self._maps: dict[str, list[np.memmap]] = {}
         self._starts = {split: np.cumsum([0] + [s["tokens"] for s in self.manifest[split]["shards"]])
                         for split in SPLITS}

@@ -4,10 +4,11 @@ windows, with its position saved in every checkpoint so a resume seeks instead o
 The rank's stream is `split_dataset_by_node` of the source's `datasets.IterableDataset` (whole files dealt to
 ranks when the file count divides by the number of ranks, else every rank keeps one record in `world`). It is
 cut into windows of `window_docs` records; a window's documents are shuffled by a seeded permutation of
-(seed, rank, window), tokenized in one batch, joined with EOS and packed into `seq_len` blocks (the last one
-padded). Windows are made by DataLoader workers in turn (worker w makes windows w, w + workers, ...; each reads
-the stream, only its own windows are tokenized) and the DataLoader returns them in window order, so the blocks
-do not depend on the number of workers.
+(seed, rank, window), tokenized in one batch, framed as their tokenizer frames a document (`text.Framing`: a BOS
+where it adds one, an EOS after each), joined and packed into `seq_len` blocks (the last one padded). Windows are
+made by DataLoader workers in turn (worker w makes windows w, w + workers, ...; each reads the stream, only its own
+windows are tokenized) and the DataLoader returns them in window order, so the blocks do not depend on the number
+of workers.
 
 Why windows rather than `IterableDataset.shuffle`'s buffer: `datasets` does not save the buffer's content in
 its `state_dict` (it is refilled on resume, so the order after a resume differs from an uninterrupted run's).
@@ -36,7 +37,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..ds_config import ConfigError
 from .loader import TrainingData, _tensors
-from .text import checked_text, document_rows, is_validation
+from .text import Framing, checked_text, document_rows, is_validation
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class StreamingData(TrainingData):
             raise ValueError("--epochs with a token budget repeats a subset, which needs random access: prepare the "
                              "corpus (python -m adaptive_ds.data.prepare) and pass --data DIR")
         self.source, self.text_field, self.hub_config = source, text_field, hub_config
+        self.framing = Framing.of(tokenizer)
         self.validation_share, self.window_docs = validation_share, window_docs
         # Built here, once: a `datasets` builder takes a file lock, which a forked DataLoader worker may find held
         self._rows = document_rows(source, text_field, hub_config)
@@ -99,9 +101,7 @@ class StreamingData(TrainingData):
         return [t for t in texts if t is not None and is_validation(t, self.seed, self.validation_share) == held_out]
 
     def _blocks(self, texts: list[str]) -> list[np.ndarray]:
-        eos = [self.tokenizer.eos_token_id]
-        ids = self.tokenizer(texts, add_special_tokens=False).input_ids if texts else []
-        stream = np.array([t for doc in ids for t in doc + eos], dtype=np.int32)
+        stream = np.array([t for doc in self.framing.documents(self.tokenizer, texts) for t in doc], dtype=np.int32)
         return [stream[i:i + self.seq_len] for i in range(0, len(stream), self.seq_len)]
 
     def pack(self, rows: list[dict], rank: int, window: int) -> dict:

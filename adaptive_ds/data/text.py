@@ -7,12 +7,14 @@ bad record (invalid UTF-8, not JSON, no text field, a text field that is not a s
 costs that record or the rest of that file, with a counted warning, never the run. Each file is one shard of the
 dataset. A source that holds no usable document at all is refused when it is opened (`open_documents`).
 
-Documents are tokenized, joined with EOS and cut into `seq_len` blocks. A fixed share of documents (chosen by a
-seeded hash of their index) is held out for validation.
+Documents are tokenized as their tokenizer's family frames them (`Framing`: a BOS first where the tokenizer adds
+one, an EOS last), joined and cut into `seq_len` blocks. A fixed share of documents (chosen by a seeded hash of
+their text) is held out for validation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import gzip
 import hashlib
@@ -41,6 +43,7 @@ BPE_PAD = "<|pad|>"
 SKIP = "_skip"  # the column that carries why a record was skipped (empty when it is a document)
 SKIP_REASONS = ("empty", "invalid_utf8", "not_json", "missing_field", "not_text", "truncated_file")
 GZIP_MAGIC = b"\x1f\x8b"
+FRAMING_PROBE = "a b"  # any text: what the tokenizer puts around it is what it puts around every document
 
 
 def _builder(path: str) -> str:
@@ -212,7 +215,7 @@ def load_tokenizer(spec: str, sample: Iterator[str]):
     tokenizer = AutoTokenizer.from_pretrained(spec)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {spec!r} has no EOS token to separate documents")
-    if tokenizer.pad_token_id is None:
+    if tokenizer.pad_token_id is None:  # Llama 3, SmolLM2: the EOS pads, and padding is never in the loss
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
@@ -222,3 +225,35 @@ def is_validation(text: str, seed: int, share: float) -> bool:
     sharding or number of ranks that reads them (and a repeated document lands on one side only)."""
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8, key=str(seed).encode()).digest()
     return int.from_bytes(digest, "little") / 2**64 < share
+
+
+@dataclasses.dataclass(frozen=True)
+class Framing:
+    """How a document sits in the token stream: `bos` (or nothing, where None), its text's tokens, then `eos`.
+
+    The tokenizer says which: the BOS is its own and is put only where its own encoding puts it (the post-processor
+    of its tokenizer.json: Llama 2 and 3, TinyLlama, Mistral; not Qwen2.5 or Qwen3, which have no BOS, nor GPT-2
+    style tokenizers such as SmolLM2's, whose BOS is their EOS and is not added). Every document ends with the EOS,
+    which separates it from the next. The text is tokenized without the tokenizer's special tokens and framed
+    here, so a tokenizer that also appends an EOS of its own does not give two."""
+
+    bos: int | None
+    eos: int
+
+    @classmethod
+    def of(cls, tokenizer) -> Framing:
+        """ValueError in one line for a tokenizer without an EOS: documents could not be told apart."""
+        eos, bos = tokenizer.eos_token_id, tokenizer.bos_token_id
+        if eos is None:
+            raise ValueError(f"tokenizer {tokenizer.name_or_path or type(tokenizer).__name__!r} has no EOS token to "
+                             "end documents with; pass a tokenizer that has one (eos_token)")
+        plain = tokenizer(FRAMING_PROBE, add_special_tokens=False).input_ids
+        framed = tokenizer(FRAMING_PROBE).input_ids
+        adds_bos = bos is not None and framed[:1] == [bos] and framed[1:1 + len(plain)] == plain
+        return cls(bos if adds_bos else None, eos)
+
+    def documents(self, tokenizer, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids, framed."""
+        ids = tokenizer(texts, add_special_tokens=False).input_ids if texts else []
+        head = [] if self.bos is None else [self.bos]
+        return [head + doc + [self.eos] for doc in ids]

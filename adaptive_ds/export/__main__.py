@@ -1,4 +1,4 @@
-"""`python -m adaptive_ds.export SRC DST [--to llama|mixtral]`: see `adaptive_ds.export.convert`."""
+"""`python -m adaptive_ds.export SRC DST [--to MODEL_TYPE|auto]`: see `adaptive_ds.export.convert`."""
 
 from .convert import main
 

@@ -5,6 +5,8 @@ trust_remote_code=True)` loads it where only torch and transformers are installe
 else; an MoE layer is its plain modules there, under the names DeepSpeed's layer gave its tensors in training).
 `final/`, the Hub snapshots and `python -m adaptive_ds.export` all write it through `save_with_code`; a run's
 experts and ZeRO-3 shards are gathered into one plain model first, on the training side (training/final.py).
+`save_standalone` writes any model the project hands on (an export, a fine-tuned model's merged/): ours through
+`save_with_code`, a stock transformers class as save_pretrained writes it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import os
 import shutil
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_relative_import_files
 
 from ..models import AdaptiveDSConfig, AdaptiveDSForCausalLM, AdaptiveDSModel
@@ -44,3 +46,15 @@ def save_with_code(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerB
     tokenizer.save_pretrained(path)
     for source in model_source_files():
         shutil.copyfile(source, os.path.join(path, os.path.basename(source)))
+
+
+def save_standalone(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str) -> None:
+    """A folder that loads where only torch and transformers are installed: an adaptive_ds model with its source
+    files (`save_with_code`; a config loaded from such a folder keeps its `auto_map`, which needs them), a stock
+    transformers model (a `--to` conversion, a fine-tuned export) as save_pretrained writes it, its code being
+    transformers' own."""
+    if isinstance(model, AdaptiveDSForCausalLM):
+        save_with_code(model, tokenizer, path)
+        return
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)

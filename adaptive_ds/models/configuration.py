@@ -74,6 +74,9 @@ class AdaptiveDSConfig(PreTrainedConfig):
     # Mistral's and Qwen's sliding-window attention: kept so the model exports as it came, and accepted only where
     # no sequence is longer than the window (the attention is full causal attention, which is then the same).
     sliding_window: int | None = None
+    # The model_type of the stock family whose weights the model started from (--init_from; models/families/),
+    # kept through upcycling and our own folders: what `python -m adaptive_ds.export --to auto` converts to.
+    source_model_type: str | None = None
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None

@@ -12,9 +12,12 @@ two fixes; `AdaptiveDSConfig.mod_causal_routing` picks one:
 
 In eval mode (`routing="causal"`, the default) that decision routes; `routing="topk"` evaluates with the
 train-time rule; `routing="all"` runs every token through every block (with the straight-through scale below, the
-plain dense model: the retrofit's equality test and its Llama export). Causal routing really skips compute: each
-sequence's routed tokens are gathered and the block runs on them alone, so a skipped token costs nothing, writes no
-keys and values into the block's cache, and a decoding step whose tokens all skip does not run the block at all.
+plain dense model). At capacity 1.0 (the block's capacity as it stands: the config's `mod_capacity`, or where a
+run's capacity schedule has set it) the top-k is every token, a rule that needs no look-ahead, so causal routing
+routes every token too and evaluation computes what training does: a dense model retrofitted at capacity 1.0 is the
+dense model, and its Llama export. Causal routing really skips compute: each sequence's routed tokens are gathered
+and the block runs on them alone, so a skipped token costs nothing, writes no keys and values into the block's
+cache, and a decoding step whose tokens all skip does not run the block at all.
 """
 
 from __future__ import annotations
@@ -202,8 +205,9 @@ class MixtureOfDepths(nn.Module):
         return out._replace(hidden_states=hidden_states.scatter_add(1, index, update), mod=routing)
 
     def _causal(self, hidden_states, scores, position_embeddings, key_padding_mask, cache):
-        """Route each token by `causal_logits` > 0 (every token with routing "all"), a decision that depends on
-        nothing after the token, and run the block on the routed tokens alone.
+        """Route each token by `causal_logits` > 0 (every token with routing "all", or at capacity 1.0, where the
+        top-k is every token), a decision that depends on nothing after the token, and run the block on the routed
+        tokens alone.
 
         Each sequence's routed tokens are gathered in sequence order, with their RoPE positions, into `width`
         slots, width the most tokens any sequence routed; a sequence that routed fewer fills its last slots with
@@ -211,7 +215,7 @@ class MixtureOfDepths(nn.Module):
         before them, as in training. Skipped tokens keep their input.
         """
         seq_len, hidden = hidden_states.shape[1:]
-        if self.routing == "all":
+        if self.routing == "all" or self.capacity >= 1.0:
             routed = torch.ones_like(scores, dtype=torch.bool)
         else:
             routed = self.causal_logits(hidden_states, scores) > 0  # (batch, seq)

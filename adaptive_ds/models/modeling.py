@@ -205,9 +205,10 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
         self.post_init()
 
     def set_mod_routing(self, mode: str) -> None:
-        """How MoD blocks route in eval mode: "causal" (router logit or predictor > 0; generation, honest
-        evaluation), "topk" (the train-time per-sequence top-k, which looks at the whole sequence) or "all" (every
-        token runs every block: with `mod_straight_through`, the dense model the blocks wrap)."""
+        """How MoD blocks route in eval mode: "causal" (router logit or predictor > 0, every token at capacity 1.0;
+        generation, honest evaluation), "topk" (the train-time per-sequence top-k, which looks at the whole
+        sequence) or "all" (every token runs every block: with `mod_straight_through`, the dense model the blocks
+        wrap)."""
         if mode not in ROUTING_MODES:
             raise ValueError(f"unknown MoD routing {mode!r}; valid choices: {', '.join(ROUTING_MODES)}")
         self.mod_routing = mode
@@ -216,7 +217,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
                 layer.routing = mode
 
     def set_mod_capacity(self, capacity: float) -> None:
-        """The share of each sequence's tokens that routed blocks take in training (capacity schedules)."""
+        """The share of each sequence's tokens that routed blocks take in training (capacity schedules); at 1.0
+        causal routing takes every token too."""
         for layer in self.layers:
             if isinstance(layer, MixtureOfDepths):
                 layer.capacity = capacity

@@ -25,8 +25,9 @@ across seeds (`spread`) of:
   the cost per 1B tokens at the device's $/hour (`adaptive_ds.hardware.DEVICES`, or --price);
 - routing: expert utilisation, load balance and dropped share (MoE), skip rate and FLOPs reduction (MoD);
 - against the baseline (dense): each quality figure's difference with its standard deviation, paired by seed
-  where both have two or more seeds in common (`difference`), and a verdict (`verdict`): better or worse only
-  beyond two standard deviations, else a tie.
+  where both have two or more seeds in common (`difference`), the paired t-test's 95% confidence interval and
+  two-sided p-value, and a verdict: better or worse where that p, Holm-corrected over the table's comparisons,
+  is below 0.05, else a tie (tools/significance.py).
 
 It writes the report `grid_<preset>_<data>[_<name>].json` and loss-vs-FLOPs, -seconds and -tokens PNGs (mean over
 the seeds, band min..max) into --out, and prints the Markdown tables; the tables go into a Markdown file between
@@ -43,6 +44,7 @@ tools/grid_tables.py's.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -55,8 +57,9 @@ from ..markdown_sections import replace_section
 from ..presets import ARCHITECTURES, PRESETS, VARIANTS
 from .grid_runs import GridError, budgets, execute, load_run, run_row
 from .grid_spec import GridSpec, parse_variant
-from .grid_tables import BUDGETS, RUN_KEYS, aggregate, compare, markdown, plot
+from .grid_tables import BUDGETS, COMPARED, RUN_KEYS, aggregate, compare, markdown, plot
 from .report import check_markdown_path, check_name, section_stem, write_report
+from .significance import judge
 
 logger = logging.getLogger(__name__)
 
@@ -140,17 +143,47 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
         "failed": failed,
         "results": {name: aggregate([r for r in rows if r["variant"] == name]) for name in names},
         "comparisons": compare(rows, spec.baseline),
-        "pairs": [_pair(rows, v, b) for v, b in spec.pairs],
+        "pairs": compare_pairs(rows, spec.pairs),
     }
 
 
-def _pair(rows: list[dict], variant: str, baseline: str) -> dict:
-    """`variant` against `baseline` (--pair), as `compare` has it; "missing" names a side without a finished run."""
-    missing = [name for name in (variant, baseline) if not any(r["variant"] == name for r in rows)]
-    if missing:
-        return {"variant": variant, "baseline": baseline, "missing": missing}
-    both = [r for r in rows if r["variant"] in (variant, baseline)]
-    return {"variant": variant, "baseline": baseline, **compare(both, baseline)[variant]}
+def compare_pairs(rows: list[dict], pairs: list[tuple[str, str]]) -> list[dict]:
+    """Each `variant` against its `baseline` (--pair), as `compare` has it, the verdicts Holm-corrected over all
+    the pairs' comparisons (their table); "missing" names a side without a finished run."""
+    out = []
+    for variant, baseline in pairs:
+        missing = [name for name in (variant, baseline) if not any(r["variant"] == name for r in rows)]
+        if missing:
+            out.append({"variant": variant, "baseline": baseline, "missing": missing})
+            continue
+        both = [r for r in rows if r["variant"] in (variant, baseline)]
+        out.append({"variant": variant, "baseline": baseline, **compare(both, baseline)[variant]})
+    judge([p[m] for p in out if not p.get("missing") for m in COMPARED if p[m] is not None])
+    return out
+
+
+def restate(report: dict) -> dict:
+    """The report with its comparisons and pairs worked out anew from its runs' rows by this version's statistics
+    (a change of the verdict rule reaches a published report without its runs); nothing else changes."""
+    pairs = [(p["variant"], p["baseline"]) for p in report.get("pairs") or []]
+    return {**report, "comparisons": compare(report["runs"], report["baseline"]),
+            "pairs": compare_pairs(report["runs"], pairs)}
+
+
+def _restate_files(paths: list[str], benchmarks_md: str | None) -> None:
+    """--restate: rewrite each report file's comparisons (`restate`), and its section where --benchmarks_md says."""
+    for path in paths:
+        try:
+            with open(path) as f:
+                report = restate(json.load(f))
+        except (OSError, ValueError, KeyError) as error:
+            raise SystemExit(f"error: --restate {path}: not a grid report ({error!r})") from None
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+        if benchmarks_md is not None:
+            write_section(benchmarks_md, report, markdown(report))
+        logger.info("grid: %s restated%s", path, f", its section in {benchmarks_md}" if benchmarks_md else "")
 
 
 def section_key(report: dict) -> str:
@@ -208,6 +241,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also compare VARIANT with BASELINE (both among --variants), in a table of pairs of their "
                         "own: e.g. a continuation with the same architecture from scratch ('moe+{\"init_from\": "
                         "null}'); repeat for more pairs")
+    p.add_argument("--restate", nargs="+", metavar="REPORT",
+                   help="train nothing: work each grid report's comparisons out anew from its recorded runs with "
+                        "this version's statistics, rewrite the report (and with --benchmarks_md its section)")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: report the runs that finished (a grid cut short), list the rest as not run")
     return p.parse_args(argv)
@@ -267,6 +303,12 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.restate:
+        try:
+            check_markdown_path(args.benchmarks_md)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
+        return _restate_files(args.restate, args.benchmarks_md)
     out = args.out if args.out is not None else os.path.join(args.runs, "report")
     failed = []
     for spec in specs(args):

@@ -1,9 +1,10 @@
 """The grid's statistics across seeds, its Markdown tables and its figures: functions of the runs' figures.
 
 `spread` (mean and sample standard deviation over seeds), `difference` (against the baseline, paired by seed
-where possible), `verdict` (better / worse only beyond two standard deviations), `aggregate` and `compare` (a
-whole grid's rows), `markdown` (the BENCHMARKS.md section) and `plot` (loss against FLOPs, tokens and seconds,
-mean over the seeds with their min..max band). adaptive_ds/tools/grid.py trains the runs and reads their figures.
+where possible, with a paired t-test: its 95% confidence interval and p-value), `aggregate` and `compare` (a
+whole grid's rows, each table's verdicts by Holm's correction: tools/significance.py), `markdown` (the
+BENCHMARKS.md section) and `plot` (loss against FLOPs, tokens and seconds, mean over the seeds with their min..max
+band). adaptive_ds/tools/grid.py trains the runs and reads their figures.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import numpy as np
 
 from ..training.metrics import PhaseClock
+from .significance import ALPHA, judge, paired_t
 
 PHASES = (*PhaseClock.PHASES, "other")
 # The budgets at which train losses are compared: (name, index in a curve point, label).
@@ -36,25 +38,19 @@ def spread(values: list[float]) -> dict:
 def difference(variant: dict[int, float], baseline: dict[int, float]) -> dict:
     """variant - baseline over seeds ({seed: figure} each) and its standard deviation. With two or more seeds in
     common, paired: the mean and sd of the per-seed differences (the seed's data order and held-out set are
-    shared, so their noise cancels). Otherwise unpaired: the difference of the means, with the sd of the
-    difference of two single runs, sqrt(sd_v^2 + sd_b^2) (None when either side has one seed)."""
+    shared, so their noise cancels), with the paired t-test of those differences (`t`, its two-sided `p` on n - 1
+    degrees of freedom, the mean's 95% confidence interval `ci`). Otherwise unpaired: the difference of the means,
+    with the sd of the difference of two single runs, sqrt(sd_v^2 + sd_b^2) (None when either side has one seed),
+    and no test. The verdict is the table's (`judge`)."""
     common = sorted(set(variant) & set(baseline))
     if len(common) >= 2:
         d = spread([variant[s] - baseline[s] for s in common])
-        return {"difference": d["mean"], "sd": d["sd"], "paired": True, "n": d["n"]}
+        return {"difference": d["mean"], "sd": d["sd"], "paired": True, "n": d["n"],
+                **paired_t(d["mean"], d["sd"], d["n"])}
     v, b = spread(list(variant.values())), spread(list(baseline.values()))
     sd = math.hypot(v["sd"], b["sd"]) if v["sd"] is not None and b["sd"] is not None else None
-    return {"difference": v["mean"] - b["mean"], "sd": sd, "paired": False, "n": min(v["n"], b["n"])}
-
-
-def verdict(diff: float, sd: float | None) -> str | None:
-    """For a loss (lower is better): 'better' or 'worse' only when the difference exceeds two standard
-    deviations, else 'tie'; None without a standard deviation (one seed)."""
-    if sd is None or math.isnan(diff) or math.isnan(sd):
-        return None
-    if abs(diff) <= 2 * sd:
-        return "tie"
-    return "better" if diff < 0 else "worse"
+    return {"difference": v["mean"] - b["mean"], "sd": sd, "paired": False, "n": min(v["n"], b["n"]), "t": None,
+            "p": None, "ci": None}
 
 
 def _numeric(value) -> bool:
@@ -82,7 +78,8 @@ def _compared(row: dict, metric: str) -> float:
 
 
 def compare(rows: list[dict], baseline: str) -> dict:
-    """{variant: {figure: difference + verdict}} against the baseline variant's runs of the same seeds."""
+    """{variant: {figure: difference + verdict}} against the baseline variant's runs of the same seeds; the
+    verdicts are Holm-corrected over the whole table (every variant and figure)."""
     by_variant: dict[str, dict[int, dict]] = {}
     for r in rows:
         by_variant.setdefault(r["variant"], {})[r["seed"]] = r
@@ -98,8 +95,8 @@ def compare(rows: list[dict], baseline: str) -> dict:
             # a figure a run lacks (a budget before its first logged step) leaves that seed out
             values, reference = ({s: v for s, r in side.items() if (v := _compared(r, metric)) is not None}
                                  for side in (runs, base))
-            d = difference(values, reference) if values and reference else None
-            out[name][metric] = d and {**d, "verdict": verdict(d["difference"], d["sd"])}
+            out[name][metric] = difference(values, reference) if values and reference else None
+    judge([d for row in out.values() for d in row.values() if d is not None])
     return out
 
 
@@ -160,11 +157,20 @@ def _cell(stat: dict | None, spec: str = ".4f", scale: float = 1.0, suffix: str 
 
 
 def _difference_cell(d: dict | None) -> str:
+    """difference ± sd [95% interval] p=... (Holm ...) verdict; a comparison without a test says why."""
     if d is None:
         return "-"
     if d["sd"] is None:
         return f"{d['difference']:+.4f} (one seed: no verdict)"
-    return f"{d['difference']:+.4f} ± {d['sd']:.4f} {d['verdict']}"
+    text = f"{d['difference']:+.4f} ± {d['sd']:.4f}"
+    if d.get("p") is None:
+        return f"{text} (unpaired: no verdict)"
+    low, high = d["ci"]
+    return f"{text} [{low:+.4f}, {high:+.4f}] p={d['p']:.2g} (Holm {d['p_holm']:.2g}) {d['verdict']}"
+
+
+def _tests(cells: list[dict | None]) -> int:
+    return sum(1 for d in cells if d is not None and d.get("p") is not None)
 
 
 def _header(report: dict) -> list[str]:
@@ -223,9 +229,11 @@ def _comparison_table(report: dict) -> list[str]:
     comparisons = report["comparisons"]
     if not comparisons:
         return [f"No comparison: the baseline `{report['baseline']}` has no finished run."]
+    tests = _tests([d for c in comparisons.values() for d in c.values()])
     lines = [f"Against `{report['baseline']}` (variant - baseline, lower is better; paired by seed where two or more "
-             "seeds are shared, its sd that of the per-seed differences; 'better' / 'worse' only beyond two "
-             "standard deviations, else 'tie'):", "",
+             "seeds are shared: the mean ± the sd of the per-seed differences, the mean's 95% confidence interval "
+             "(Student's t, n - 1 degrees of freedom) and the paired t-test's two-sided p, Holm-adjusted over the "
+             f"table's {tests} tests; 'better' / 'worse' where the adjusted p < {ALPHA}, else 'tie'):", "",
              *_head(["validation loss", "top-k routing loss", "train loss at equal FLOPs", "at equal tokens",
                      "at equal seconds", "seeds"])]
     for name, c in comparisons.items():
@@ -238,7 +246,8 @@ def _pairs_table(report: dict) -> list[str]:
     pairs = report.get("pairs") or []
     if not pairs:
         return []
-    lines = ["", "Each against its pair (variant - baseline, as above):", "",
+    tests = _tests([p[m] for p in pairs if not p.get("missing") for m in COMPARED])
+    lines = ["", f"Each against its pair (variant - baseline, as above; Holm over this table's {tests} tests):", "",
              "| variant | baseline | validation loss | top-k routing loss | train loss at equal FLOPs "
              "| at equal tokens | at equal seconds | seeds |", "|---" * 8 + "|"]
     for p in pairs:

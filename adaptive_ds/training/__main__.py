@@ -126,7 +126,8 @@ def _one_line(error: BaseException, progress) -> str | None:
     from .. import distributed
     from .checkpoint import CheckpointError
 
-    if isinstance(error, (ConfigError, CheckpointError, TrainingStopped, distributed.PortInUse)):
+    if isinstance(error, (ConfigError, CheckpointError, TrainingStopped, distributed.PortInUse,
+                          distributed.UnreachableAddress)):
         return f"error: {error}"
     if isinstance(error, Terminated):
         return _stopped("stopped by SIGTERM (a launcher stops every process when one fails)", progress)

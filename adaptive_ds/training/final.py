@@ -50,8 +50,9 @@ def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase,
 
     Collective when experts are split over ranks (every rank must call it); only `is_writer` writes.
     The saved config has `moe_ep_size` 1, so the folder loads in a single process; the folder carries the model
-    code (see `save_with_code`).
+    code (see `save_with_code`) and `model`'s generation config (--init_from's, where the run took one).
     """
+    generation = model.generation_config
     if zero_stage == 3:
         state = _gather_zero3(model, is_writer)
         if not is_writer:
@@ -59,6 +60,7 @@ def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase,
         full = AdaptiveDSForCausalLM(model.config)
         full.load_state_dict(state, strict=True)
         model = full.to(next(iter(state.values())).dtype)
+        model.generation_config = generation
     elif model.config.expert_parallel_size > 1:
         state = _gather_experts(model)
         if not is_writer:
@@ -68,6 +70,7 @@ def save_final(model: AdaptiveDSForCausalLM, tokenizer: PreTrainedTokenizerBase,
         full = AdaptiveDSForCausalLM(config)
         full.load_state_dict(state, strict=True)
         model = full.to(next(iter(state.values())).dtype)
+        model.generation_config = generation
     if is_writer:
         save_with_code(model, tokenizer, path)
         logger.info("saved the final model and tokenizer to %s", path)

@@ -87,7 +87,8 @@ class Trainer:
         layout = read_ds_config(ds_config)
         self.configured_rows_per_rank = layout.rows_per_rank_step  # the ds_config's, before a resume keeps another
         self.data = startup.load_data(settings, seq_len)  # setup: the "data" phase is the loop's wait for batches
-        self.config = startup.model_config_of(settings, self.source, self.data.tokenizer)
+        self.tokenizer = startup.saved_tokenizer(self.source, self.data.tokenizer)  # what checkpoints, final/ carry
+        self.config = startup.model_config_of(settings, self.source, self.data.tokenizer, self.tokenizer)
         # the held-out batches too, before the output directory: data without a held-out document is refused first
         # (eval_batches of the ds_config's micro-batch)
         self.validation_batches = self.data.validation_batches(layout.micro_batch, settings.eval_batches)
@@ -107,6 +108,7 @@ class Trainer:
         startup.warn_about_warmup(settings)
         # a resume loads the run's own checkpoint, never the --init_from weights
         model = startup.build_model(self.config, settings, None if self.resume.tag else self.source, self.rank)
+        startup.take_generation_config(model, self.source)
         self.engine = build_engine(model, ds_config, settings.warmup_steps, settings.max_steps,
                                    settings.min_lr_ratio, settings.compile)
         if self.config.expert_parallel_size > 1:
@@ -149,7 +151,7 @@ class Trainer:
         # loaded in this order: the trainer's split of the step follows the controller's knobs
         states = {"controller": self.controller, "data": self.data, "metrics": self.metrics, "trainer": self}
         self.checkpointer = Checkpointer(
-            self.engine, states, self.resume, self.identity, self.data.tokenizer, save_steps=settings.save_steps,
+            self.engine, states, self.resume, self.identity, self.tokenizer, save_steps=settings.save_steps,
             keep_last=settings.keep_last, max_steps=settings.max_steps, max_failed_saves=settings.max_failed_saves,
             stop_grace_s=settings.stop_grace_s, progress=self.progress, amend_record=self.metrics.amend,
             on_saved=self._push_checkpoint if settings.push_to_hub and settings.push_every_save else None)
@@ -412,7 +414,7 @@ class Trainer:
             summary.update(self.validator.result_at(self.engine, last_step, self.controller.knobs.micro_batch))
         with clock.phase("checkpoint"):
             self.checkpointer.save_at_end(last_step, self.controller.healthy)
-            final.save_final(self.engine.module, self.data.tokenizer, os.path.join(self.output_dir, "final"),
+            final.save_final(self.engine.module, self.tokenizer, os.path.join(self.output_dir, "final"),
                              is_writer=self.rank == 0, zero_stage=self.engine.zero_optimization_stage())
         summary.update(self._summary_facts(summary, last_step, counts))
         self.metrics.close()
@@ -459,7 +461,7 @@ class Trainer:
     def _push_checkpoint(self, step: int) -> None:
         """The checkpointer's `on_saved` with --push_every_save: the checkpoint's weights to the Hub."""
         staging = self.checkpointer.snapshot_dir
-        final.save_final(self.engine.module, self.data.tokenizer, staging, is_writer=self.rank == 0,
+        final.save_final(self.engine.module, self.tokenizer, staging, is_writer=self.rank == 0,
                          zero_stage=self.engine.zero_optimization_stage())
         if self.pusher:
             counts = parameter_counts(self.config)

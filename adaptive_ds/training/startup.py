@@ -83,10 +83,24 @@ def open_source(settings: RunSettings):
         raise ConfigError(str(error)) from None
 
 
-def model_config_of(settings: RunSettings, source, tokenizer) -> AdaptiveDSConfig:
+def saved_tokenizer(source, data_tokenizer):
+    """The tokenizer checkpoints and final/ carry: --init_from's own, as its folder has it (its special tokens, its
+    chat template; the data's is checked to have its vocabulary), so the trained model chats as the base did; else
+    the data's."""
+    if source is None:
+        return data_tokenizer
+    try:
+        return source.tokenizer()
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def model_config_of(settings: RunSettings, source, tokenizer, saved) -> AdaptiveDSConfig:
     """The model's config: the preset's shape, or --init_from's (whose tokenizer must be the data's), for the data's
-    vocabulary and special tokens, with the run's --model overrides."""
-    tokens = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    vocabulary, with the special tokens of the tokenizer the model is `saved` with and the run's --model
+    overrides."""
+    tokens = dict(bos_token_id=saved.bos_token_id, eos_token_id=saved.eos_token_id,
+                  pad_token_id=saved.pad_token_id)
     if source is None:
         return model_config(settings.preset, settings.arch, len(tokenizer), **tokens, **settings.model)
     try:
@@ -94,6 +108,18 @@ def model_config_of(settings: RunSettings, source, tokenizer) -> AdaptiveDSConfi
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return source.model_config(settings.arch, settings.preset, len(tokenizer), **tokens, **settings.model)
+
+
+def take_generation_config(model: AdaptiveDSForCausalLM, source) -> None:
+    """--init_from's generation_config.json (its eos, bos and pad ids, its sampling defaults) for `model`, which
+    checkpoints and final/ save; on a resume too, which loads no weights from the folder. Without one, the model
+    keeps the one transformers derives from its config."""
+    try:
+        generation = source.generation_config() if source is not None else None
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if generation is not None:
+        model.generation_config = generation
 
 
 def base_model_record(source, output_dir: str | None, rank: int) -> dict | None:

@@ -39,7 +39,8 @@ def evaluate(engine, batches: list[dict], mod_routing: str = "causal", micro_bat
 
     MoD blocks route with `mod_routing`: "causal" (router logit > 0, or the predictor; what generation does, the
     honest figure) or "topk" (the train-time rule, which sees the whole sequence). Causal routing holds no
-    capacity: its routed share is measured, since a loss bought with more routed tokens costs more compute.
+    capacity below 1.0 (at the blocks' current capacity 1.0 it routes every token, as training does): its routed
+    share is measured, since a loss bought with more routed tokens costs more compute.
     """
     model = engine.module.model
     engine.eval()

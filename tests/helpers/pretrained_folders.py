@@ -38,6 +38,19 @@ def llama_folder(path: Path, vocab_size: int | None = None, shape: dict = TINY, 
     return path
 
 
+def stock_folder(path: Path, stock_class: type, config_class: type, shape: dict = TINY, **overrides) -> Path:
+    """A tiny stock model of any Llama-style family (Qwen2ForCausalLM, Qwen3ForCausalLM, ...) of `shape`, saved with
+    the embedded corpus's tokenizer."""
+    tokenizer = embedded_tokenizer()
+    config = config_class(**{**shape, "vocab_size": pad_vocab(len(tokenizer)), "max_position_embeddings": 64,
+                             "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+                             **overrides})
+    torch.manual_seed(1)
+    perturbed(stock_class(config)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def mixtral_folder(path: Path, shape: dict = TINY, **overrides) -> Path:
     """A tiny stock MixtralForCausalLM of `shape`, 4 experts top-2, saved with the embedded corpus's tokenizer."""
     tokenizer = embedded_tokenizer()

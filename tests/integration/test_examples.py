@@ -52,25 +52,38 @@ def test_every_example_is_tested():
 
 
 @pytest.mark.slow
-def test_finetune_peft_trains_lora_adapters_and_merges_them(workdir):
+@pytest.mark.parametrize("source", ["final", "llama_export"])
+def test_finetune_peft_trains_lora_adapters_and_merges_them(workdir, source):
+    """From our final/ or from its `--to llama` export: the adapters train, and merged/ loads as the original
+    did, on torch and transformers alone (ours with its source files), with the package-side model's logits."""
+    from helpers.standalone_load import STOCK, load_without_the_package, model_card_load
     from transformers import AutoModelForCausalLM
 
     import adaptive_ds.models  # noqa: F401  (the Auto classes)
+    from adaptive_ds.export.convert import main as export
 
+    model = FIXTURES / "dense"
+    if source == "llama_export":
+        model = workdir / "llama"
+        export(["--to", "llama", str(FIXTURES / "dense"), str(model)])
     texts = workdir / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": f"[count] {' '.join(str((i + k) % 10) for k in range(12))}"}) + "\n"
                              for i in range(16)))
     out = workdir / "lora"
-    output = _run(["python", "examples/finetune_peft.py", str(FIXTURES / "dense"), "--data", str(texts), "--out",
+    output = _run(["python", "examples/finetune_peft.py", str(model), "--data", str(texts), "--out",
                    str(out), "--steps", "4", "--batch", "4", "--seq_len", "16", "--lr", "0.01"], workdir)
     report = json.loads(output.strip().splitlines()[-1])
     assert len(report["losses"]) == 4 and all(torch.isfinite(torch.tensor(report["losses"])))
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
-        base = AutoModelForCausalLM.from_pretrained(FIXTURES / "dense").eval()(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(model).eval()(input_ids=ids).logits
         tuned = AutoModelForCausalLM.from_pretrained(out / "merged").eval()(input_ids=ids).logits
     assert torch.isfinite(tuned).all() and not torch.allclose(base, tuned)  # the adapters trained and merged in
+    (alone,) = load_without_the_package(workdir, [(out / "merged", model_card_load() if source == "final" else STOCK,
+                                                   ids)])
+    assert alone.module.startswith("transformers_modules." if source == "final" else "transformers.models.llama")
+    torch.testing.assert_close(alone.logits, tuned, rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow

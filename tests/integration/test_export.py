@@ -1,17 +1,21 @@
-"""Export from DeepSpeed checkpoints (ZeRO-3 shards gathered), remote-code loading without the package, bad
-input refused in one line, and generation from a checkpoint."""
+"""Export from DeepSpeed checkpoints (ZeRO-3 shards gathered), every exported folder (ours, stock Mixtral and Llama)
+loading without the package, bad input refused in one line, and generation from a checkpoint."""
 
 import json
 
 import pytest
 import torch
-from helpers.common import write_ds_config
+from helpers.common import ROOT, write_ds_config
+from helpers.standalone_load import STOCK, load_without_the_package, model_card_load
 from transformers import AutoModelForCausalLM
 
 from adaptive_ds.ds_checkpoint import load_checkpoint
 from adaptive_ds.export.convert import main
 from adaptive_ds.generate import main as generate_main
+from adaptive_ds.models import AdaptiveDSForCausalLM
 from adaptive_ds.training import train
+
+FIXTURES = ROOT / "tests" / "fixtures" / "final"
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +55,29 @@ def test_export_refuses_a_used_folder_and_a_non_checkpoint(moe_run, tmp_path):
     assert (used / "keep.txt").read_text() == "x"
 
 
-@pytest.mark.slow
-def test_exported_folder_loads_with_remote_code_without_the_package(moe_run, tmp_path, run_command):
-    out = tmp_path / "exported"
-    main([str(moe_run), str(out)])
-    script = (
-        "import sys; sys.modules['adaptive_ds'] = None\n"  # the package cannot be imported
-        "import torch; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-        f"m = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)\n"
-        f"t = AutoTokenizer.from_pretrained({str(out)!r})\n"
-        "ids = t('[count] 1 2 3', return_tensors='pt').input_ids\n"
-        "print(type(m).__module__, m.generate(ids, max_new_tokens=3, do_sample=False).shape[1])\n"
-    )
-    result = run_command(["python", "-c", script])
-    assert result.returncode == 0, result.stderr[-3000:]
-    module, length = result.stdout.split()[-2:]
-    assert not module.startswith("adaptive_ds") and length == "7"
+@pytest.mark.slow  # a second interpreter
+def test_exported_folders_load_with_torch_and_transformers_alone(moe_run, tmp_path):
+    """`python -m adaptive_ds.export`'s folders where neither adaptive_ds nor deepspeed can be imported: ours (with
+    remote code, as the model card says) and the stock Mixtral from the MoE run's checkpoint, and the stock Llama from
+    a dense final/, each with the package-side model's logits and greedy continuation."""
+    exports = [  # --to, its source, how it loads, its model class's module, the package-side model
+        ("adaptive_ds", moe_run, model_card_load(), "transformers_modules.", moe_run / "final"),
+        ("mixtral", moe_run, STOCK, "transformers.models.mixtral.", moe_run / "final"),
+        ("llama", FIXTURES / "dense", STOCK, "transformers.models.llama.", FIXTURES / "dense"),
+        ("mistral", FIXTURES / "dense", STOCK, "transformers.models.mistral.", FIXTURES / "dense"),
+    ]
+    for to, src, *_ in exports:
+        main(["--to", to, str(src), str(tmp_path / to)])
+    ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    loaded = load_without_the_package(tmp_path, [(tmp_path / to, load, ids) for to, _, load, *_ in exports],
+                                      generate=True)
+    for (to, _, _, module, reference), result in zip(exports, loaded, strict=True):
+        assert result.module.startswith(module), (to, result.module)
+        assert result.eos == [result.eos_token_id], to  # the tokenizer came along
+        model = AdaptiveDSForCausalLM.from_pretrained(reference).eval()
+        torch.testing.assert_close(result.logits, _logits(model, ids), rtol=0, atol=1e-5, msg=to)
+        greedy = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+        assert torch.equal(result.generated, greedy), to
 
 
 def test_generate_cli_samples_from_a_checkpoint(moe_run, capsys):

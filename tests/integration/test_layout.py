@@ -63,7 +63,7 @@ def test_each_old_tool_path_runs_the_tool(run_command):
 
 def test_the_export_package_runs_as_a_module(run_command):
     done = run_command([sys.executable, "-m", "adaptive_ds.export", "--help"])
-    assert done.returncode == 0 and "--to {adaptive_ds,llama,mixtral}" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 0 and "--to {adaptive_ds,llama," in " ".join(done.stdout.split()), done.stderr[-2000:]
 
 
 def test_exporting_and_sampling_load_neither_the_training_code_nor_deepspeed():

@@ -108,11 +108,15 @@ def test_without_matplotlib_the_run_still_writes_its_summary_and_model(tmp_path,
 
 def test_capacity_schedule_reaches_the_model(tmp_path):
     out = tmp_path / "run"
-    train(["--ds_config", _tiny_ds_config(tmp_path, mod_capacity_warmup_steps=4), "--arch", "mod",
+    train(["--ds_config", _tiny_ds_config(tmp_path, mod_capacity_warmup_steps=4, eval_steps=1), "--arch", "mod",
            "--variant", "mod:half", "--output_dir", str(out)])  # toward capacity 0.5, in every block
-    capacities = [m["mod"]["capacity"] for m in _read_metrics(out)]
-    skips = [m["mod"]["skip_rate"] for m in _read_metrics(out)]
+    windows = [m["mod"] for m in _read_metrics(out) if "mod" in m]
+    capacities = [m["capacity"] for m in windows]
+    skips = [m["skip_rate"] for m in windows]
     assert capacities == [0.875, 0.625] and skips[0] < skips[1] < 0.5
+    # validation routes every token at step 1's capacity 1.0, by the router's sign below it (docs/architectures.md)
+    shares = {m["step"]: m["validation_causal_routed_share"] for m in _read_metrics(out)}
+    assert shares[1] == 1.0 and all(0 < shares[step] < 1 for step in (2, 3, 4)), shares
 
 
 def _step_losses(tmp_path, name, micro, accum, command=None, hooks=None):

@@ -110,9 +110,29 @@ def test_a_dense_model_retrofitted_with_mod_is_the_dense_model_at_capacity_one(l
     torch.testing.assert_close(out.logits, expected, rtol=0, atol=1e-5)
     out.lm_loss.backward()
     assert model.model.layers[1].router.weight.grad.abs().sum() > 0
-    model.eval().model.set_mod_routing("causal")  # the router's seeded initialisation routes some tokens, not all
+    model.eval().model.set_mod_routing("causal")  # at capacity 1.0 causal routing takes every token too
+    torch.testing.assert_close(logits(model, ids), expected, rtol=0, atol=1e-5)
+    model.model.set_mod_capacity(0.125)  # below, the router's seeded initialisation routes some tokens, not all
     routed = torch.cat([r.routed.flatten() for r in model(input_ids=ids, use_cache=False).mod_routing]).float()
     assert 0.05 < routed.mean() < 0.95
+
+
+@pytest.mark.parametrize("arch", ["mod", "hybrid"])
+@pytest.mark.parametrize("source", ["llama", "ours"])
+def test_a_dense_model_retrofitted_at_capacity_one_is_the_dense_model_with_default_routing(llama, ids, source, arch):
+    """What evaluation and generation do, unasked: causal routing at capacity 1.0 runs every token through every
+    block, so the retrofit is the dense model it came from (a stock Llama, or our own dense final/)."""
+    if source == "llama":
+        folder, dense = llama, LlamaForCausalLM.from_pretrained(llama)
+    else:
+        folder, dense = FIXTURES / "dense", AdaptiveDSForCausalLM.from_pretrained(FIXTURES / "dense")
+    model = imported(folder, arch, mod_capacity=1.0, mod_layer_interval=1)
+    assert model.model.mod_routing == "causal" and model.config.mod_straight_through
+    out = model(input_ids=ids, use_cache=False)
+    assert len(out.mod_routing) == model.config.num_hidden_layers and all(r.routed.all() for r in out.mod_routing)
+    torch.testing.assert_close(out.logits, logits(dense.eval(), ids), rtol=0, atol=1e-5)
+    generated = model.generate(ids[:, :8], max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert torch.equal(generated, dense.generate(ids[:, :8], max_new_tokens=6, min_new_tokens=6, do_sample=False))
 
 
 def test_a_dense_model_upcycled_to_the_hybrid_starts_as_the_dense_model(llama, ids):

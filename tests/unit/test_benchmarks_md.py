@@ -103,6 +103,16 @@ def test_grid_tokens_per_s_are_the_runs_own_and_under_the_peak(key):
         assert result["tokens_per_s"]["mean"] == pytest.approx(statistics.mean(seeds), rel=1e-9), name
 
 
+@pytest.mark.parametrize("key", [key for key in MEASURED if key.startswith("grid:")])
+def test_grid_verdicts_are_this_versions_tests_of_the_recorded_runs(key):
+    """A change of the statistics reaches every published grid: its comparisons are what the code works out from
+    its runs now (python -m adaptive_ds.tools.grid --restate REPORT --benchmarks_md BENCHMARKS.md)."""
+    from adaptive_ds.tools.grid import restate
+
+    report = _report(key)
+    assert restate(report) == report, f"restate benchmarks/{section_stem(key)}.json"
+
+
 @pytest.mark.parametrize("key", [key for key in MEASURED if key.split(":")[0] in ("throughput", "generate")])
 def test_benchmark_tokens_per_s_are_the_rounds_own_and_under_the_peak(key):
     report = _report(key)

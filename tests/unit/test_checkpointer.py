@@ -6,8 +6,10 @@ load (checkpoint/manager.py) are stood in for: what is checked here is what reac
 import json
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from transformers import GenerationConfig
 
 from adaptive_ds.training.checkpoint import Checkpointer, Resume, manager, storage
 from adaptive_ds.training.checkpoint.storage import SavesFailedError
@@ -191,7 +193,7 @@ def test_a_checkpoint_holds_the_keys_a_checkpoint_of_the_code_before_named_state
             # (models/defaults.py) and the model families' features (all off by default)
             model, old_model = ours["identity"].pop("model"), before["identity"].pop("model")
             features = {"head_dim", "attention_qkv_bias", "attention_out_bias", "qk_norm", "rope_scaling_parameters",
-                        "sliding_window", "moe_intermediate_size", "moe_norm_topk_prob"}
+                        "sliding_window", "moe_intermediate_size", "moe_norm_topk_prob", "source_model_type"}
             assert (set(model) - set(old_model), set(old_model) - set(model)) == (
                 {"config_version", *features}, {"moe_eval_capacity_factor"})
         assert _keys(ours) == _keys(before), name
@@ -221,6 +223,7 @@ class _Engine:
 
     def __init__(self, fail_at=()):
         self.fail_at = set(fail_at)
+        self.module = SimpleNamespace(generation_config=GenerationConfig())  # the model's, saved beside its weights
 
     def save_checkpoint(self, root, tag, client_state, save_latest=False):
         if int(tag.removeprefix("step")) in self.fail_at:

@@ -54,9 +54,13 @@ def test_the_old_consolidate_module_warns_and_is_the_checkpoint_packages():
 
 
 def _versioned_sections() -> dict[str, str]:
-    """CHANGELOG.md's `## X.Y.Z` sections, by version, newest first."""
+    """CHANGELOG.md's `## X.Y.Z` sections, by version, newest first; an `## Unreleased` section (what main holds
+    beyond the version, as Keep a Changelog has it) may precede them only, and is not a version."""
     parts = re.split(r"^## (\S+)\n", CHANGELOG, flags=re.M)
-    return dict(zip(parts[1::2], parts[2::2], strict=True))
+    sections = dict(zip(parts[1::2], parts[2::2], strict=True))
+    assert "Unreleased" not in list(sections)[1:], "## Unreleased comes first, above the versions"
+    sections.pop("Unreleased", None)
+    return sections
 
 
 def test_the_version_is_the_metadatas_and_heads_the_changelog():

@@ -146,6 +146,17 @@ def _launched(launcher: list[str]) -> tuple[list[str], int]:
     raise AssertionError(f"not a launcher: {launcher}")
 
 
+def _submitted(words: list[str]) -> tuple[list[str], int]:
+    """The training arguments and world size (nodes x GPUs per node) of `sbatch OPTIONS SCRIPT ARGS`."""
+    at = next(i for i, word in enumerate(words) if word.endswith(".sbatch"))
+    assert words[at] == "launchers/slurm/train.sbatch", words[at]
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--nodes", "-N", type=int, default=1)
+    options.add_argument("--gpus-per-node", type=int, default=1)
+    known, _ = options.parse_known_args(words[1:at])  # parse_args itself stops at the parse in parse_only
+    return words[at + 1:], known.nodes * known.gpus_per_node
+
+
 def _check(words: list[str]) -> None:
     """One command of a `bash check` block, through the parsers that would read it."""
     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # VAR=value before a command
@@ -171,6 +182,9 @@ def _check(words: list[str]) -> None:
         script_argv, world = _launched(words)
         assert script_argv[0] == "launchers/train.py" and (ROOT / script_argv[0]).exists(), script_argv
         _train(script_argv[1:], world)
+        return
+    if head == "sbatch":
+        _train(*_submitted(words))
         return
     if head == "adaptive-ds":
         if rest[0] == "train":
@@ -331,6 +345,8 @@ def test_a_wrong_flag_or_a_moved_file_fails_the_check(parse_only):
                    ["deepspeed", "launchers/train.py", "--ds_config", "ds_configs/debug_cpu.json", "--steps_max", "5"],
                    ["python", "launchers/train_old.py", "--ds_config", "ds_configs/debug_cpu.json"],
                    ["torchrun", "--nproc_per_node", "3", "launchers/train.py", "--ds_config",
+                    "ds_configs/b7_8gpu.json"],
+                   ["sbatch", "--nodes", "3", "--gpus-per-node", "4", "launchers/slurm/train.sbatch", "--ds_config",
                     "ds_configs/b7_8gpu.json"]):
         with pytest.raises((SystemExit, ConfigError, AssertionError)):
             _check(broken)
@@ -338,8 +354,10 @@ def test_a_wrong_flag_or_a_moved_file_fails_the_check(parse_only):
 
 def _source_flags() -> set[str]:
     """Every option the project's parsers define: the `--...` string literals of the package, the launchers and the
-    examples (the training flags among them come from RunSettings), with their `--no-` forms."""
+    examples (the training flags among them come from RunSettings), with their `--no-` forms; and Slurm's options that
+    the batch script sets or its usage lines pass."""
     flags = {f"--{f.name}" for f in dataclasses.fields(arguments.RunSettings)}
+    flags |= {flag for path in (ROOT / "launchers").rglob("*.sbatch") for flag in _named_flags(path.read_text())}
     for path in [*(ROOT / "adaptive_ds").rglob("*.py"), *(ROOT / "launchers").rglob("*.py"),
                  *(ROOT / "examples").glob("*.py")]:
         flags |= {node.value for node in ast.walk(ast.parse(path.read_text()))

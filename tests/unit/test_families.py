@@ -44,8 +44,8 @@ def test_a_configs_model_type_finds_its_family_and_architecture():
     for config, family, arch in [(LlamaConfig(**SHAPE), LLAMA, "dense"), (MixtralConfig(**SHAPE), MIXTRAL, "moe"),
                                  (AdaptiveDSConfig(arch="hybrid"), ADAPTIVE_DS, "hybrid")]:
         assert family_of(config.model_type) is family and family.architecture(config) == arch
-    assert list(FAMILIES)[:6] == ["llama", "mistral", "qwen2", "qwen3", "mixtral", "adaptive_ds"]
-    assert exportable()[:5] == ["llama", "mistral", "qwen2", "qwen3", "mixtral"]
+    assert list(FAMILIES)[:7] == ["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "adaptive_ds"]
+    assert exportable()[:6] == ["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"]
     assert "adaptive_ds" not in exportable()  # ours exports as itself (export.final), not through a conversion
     for family in FAMILIES.values():  # the stock classes as transformers' Auto classes name them
         if family is ADAPTIVE_DS:
@@ -60,7 +60,8 @@ def test_an_unknown_model_type_is_refused_in_one_line_naming_the_supported_ones(
     message = str(error.value)
     assert "\n" not in message and "'gpt2'" in message
     assert ("llama (LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 "
-            "(Qwen3ForCausalLM), mixtral (MixtralForCausalLM), adaptive_ds (AdaptiveDSForCausalLM)") in message
+            "(Qwen3ForCausalLM), mixtral (MixtralForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), adaptive_ds "
+            "(AdaptiveDSForCausalLM)") in message
     with pytest.raises(ValueError, match="registered already") as error:
         register_family(LLAMA)
     assert "\n" not in str(error.value)

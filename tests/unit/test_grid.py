@@ -15,32 +15,32 @@ from adaptive_ds.presets import VARIANTS, ArchVariant, model_config
 from adaptive_ds.tools.grid import _parse_args, assemble, main, write_section
 from adaptive_ds.tools.grid_runs import budgets, run_row
 from adaptive_ds.tools.grid_spec import GridSpec, parse_variant
-from adaptive_ds.tools.grid_tables import PHASES, difference, markdown, plot, spread, verdict
+from adaptive_ds.tools.grid_tables import PHASES, difference, markdown, plot, spread
 from adaptive_ds.training.arguments import parse
 
 TRAINED = {"commit": "abc1234", "machine": "test CPU", "date": "2026-11-30"}
 
 
-def test_spread_difference_and_the_two_sd_rule_against_hand_worked_numbers():
+def test_spread_difference_and_the_paired_t_test_against_hand_worked_numbers():
     s = spread([1.0, 2.0, 3.0, 4.0])
     assert s["mean"] == 2.5 and s["sd"] == pytest.approx(math.sqrt(5 / 3)) and (s["min"], s["max"], s["n"]) == (1, 4, 4)
     assert spread([2.0])["sd"] is None
-    # paired by seed: differences -0.05, -0.06, -0.08 -> mean -0.063333, sd sqrt(4.6667e-4 / 2) = 0.015275
+    # paired by seed: differences -0.05, -0.06, -0.08 -> mean -0.063333, sd sqrt(4.6667e-4 / 2) = 0.015275,
+    # se 0.015275 / sqrt(3) = 0.0088192, t = -7.1813 on 2 df: p = 1 - |t| / sqrt(2 + t^2) = 0.018844;
+    # the 95% interval -0.063333 -+ 4.3027 x 0.0088192 (t table, 2 df) = [-0.10128, -0.025388]
     d = difference({1: 1.50, 2: 1.60, 3: 1.70}, {1: 1.55, 2: 1.66, 3: 1.78})
     assert d["paired"] and d["n"] == 3
     assert d["difference"] == pytest.approx(-0.0633333) and d["sd"] == pytest.approx(0.0152753, rel=1e-5)
-    assert verdict(d["difference"], d["sd"]) == "better"
-    # no seed in common: 1.1 - 1.2, sd sqrt(0.141421^2 + 0.173205^2) = sqrt(0.02 + 0.03) = 0.223607
+    assert d["t"] == pytest.approx(-7.1813, abs=1e-4) and d["p"] == pytest.approx(0.018844, abs=1e-6)
+    assert d["ci"] == pytest.approx([-0.10128, -0.025388], abs=1e-5)
+    # no seed in common: 1.1 - 1.2, sd sqrt(0.141421^2 + 0.173205^2) = sqrt(0.02 + 0.03) = 0.223607, and no test
     u = difference({4: 1.0, 5: 1.2}, {1: 1.1, 2: 1.1, 3: 1.4})
     assert not u["paired"] and u["n"] == 2
     assert u["difference"] == pytest.approx(-0.1) and u["sd"] == pytest.approx(math.sqrt(0.05))
-    assert verdict(u["difference"], u["sd"]) == "tie"
-    # one seed in common is not a pairing; a side with one seed has no sd, so no verdict
+    assert u["p"] is None and u["ci"] is None
+    # one seed in common is not a pairing; a side with one seed has no sd
     one = difference({1: 2.0, 4: 2.2}, {1: 2.5})
-    assert not one["paired"] and one["difference"] == pytest.approx(-0.4) and one["sd"] is None
-    assert verdict(one["difference"], one["sd"]) is None
-    assert verdict(0.05, 0.025) == "tie" and verdict(0.0501, 0.025) == "worse" and verdict(-0.06, 0.025) == "better"
-    assert verdict(0.0, 0.0) == "tie" and verdict(float("nan"), 0.1) is None
+    assert not one["paired"] and one["difference"] == pytest.approx(-0.4) and one["sd"] is None and one["p"] is None
 
 
 def _record(variant: str, seed: int, curve: list[tuple], validation: float, topk: float | None = None,
@@ -115,15 +115,23 @@ def test_report_tables_and_figures_from_synthetic_runs(tmp_path):
     assert mod["validation_loss"]["n"] == 2 and mod["skip_rate"]["mean"] == 0.5 and dense["skip_rate"] is None
     assert report["results"]["moe"]["validation_loss"]["sd"] is None
     c = report["comparisons"]["mod"]
-    # validation: -0.05, -0.02 -> -0.035 +- 0.021213: within 2 sd, a tie
+    # two seeds paired, so t on 1 df: p = 1 - 2 atan(|t|) / pi, Holm over the table's 5 tests (moe has one seed)
+    # validation: -0.05, -0.02 -> -0.035 +- 0.021213, t = -2.3333, p = 0.25776
     assert c["validation_loss"]["paired"] and c["validation_loss"]["difference"] == pytest.approx(-0.035)
-    assert c["validation_loss"]["sd"] == pytest.approx(0.0212132) and c["validation_loss"]["verdict"] == "tie"
-    # top-k routing against dense's only validation loss: -0.10, -0.14 -> -0.12 +- 0.028284
+    assert c["validation_loss"]["sd"] == pytest.approx(0.0212132) and c["validation_loss"]["p"] == pytest.approx(
+        0.25776, abs=1e-5)
+    # top-k routing against dense's only validation loss: -0.10, -0.14 -> -0.12 +- 0.028284, t = -6, p = 0.10514
     assert c["topk_routing_loss"]["difference"] == pytest.approx(-0.12)
-    assert c["topk_routing_loss"]["verdict"] == "better"
-    # equal FLOPs (1.5e12): mod 1.8, dense 2.5 and 2.6 -> -0.75 +- 0.070711
-    assert c["train_loss_at_equal_flops"]["difference"] == pytest.approx(-0.75)
-    assert c["train_loss_at_equal_flops"]["verdict"] == "better"
+    assert c["topk_routing_loss"]["p"] == pytest.approx(0.10514, abs=1e-5)
+    # equal FLOPs (1.5e12): mod 1.8, dense 2.5 and 2.6 -> -0.75 +- 0.070711, t = -15, p = 0.042379: below 5% alone,
+    # 4 x 0.042379 = 0.16952 after Holm (the second smallest of 5): a tie; its interval -0.75 -+ 12.706 x 0.05
+    flops = c["train_loss_at_equal_flops"]
+    assert flops["difference"] == pytest.approx(-0.75) and flops["p"] == pytest.approx(0.042379, abs=1e-6)
+    assert flops["p_holm"] == pytest.approx(0.16952, abs=1e-5) and flops["verdict"] == "tie"
+    assert flops["ci"] == pytest.approx([-1.38531, -0.11469], abs=1e-5)
+    # the largest three p's share 3 x 0.10514, Holm's step-down keeping them from falling below it
+    assert [c[m]["p_holm"] for m in ("validation_loss", "topk_routing_loss", "train_loss_at_equal_tokens")] == \
+        pytest.approx([0.31541] * 3, abs=1e-5)
     assert report["comparisons"]["moe"]["validation_loss"]["verdict"] is None  # one seed
     text = markdown(report)
     assert "`python -m adaptive_ds.tools.grid --preset debug --tokens 2000 --ds_config ds.json --data embedded:hard " \
@@ -135,8 +143,12 @@ def test_report_tables_and_figures_from_synthetic_runs(tmp_path):
     assert quality["mod"][1] == "2.0150 ± 0.0919 (n=2)" and quality["mod"][5] == "1.8000 ± 0.0000 (n=2)"
     assert quality["moe"][1] == "2.0500 (n=1)" and quality["dense"][4] == "-"
     versus = _table(text, "variant | validation loss")
-    assert versus["mod"] == ["-0.0350 ± 0.0212 tie", "-0.1200 ± 0.0283 better", "-0.7500 ± 0.0707 better",
-                             "-0.2500 ± 0.0707 better", "-1.0000 ± 0.0707 better", "2 paired"]
+    assert versus["mod"] == ["-0.0350 ± 0.0212 [-0.2256, +0.1556] p=0.26 (Holm 0.32) tie",
+                             "-0.1200 ± 0.0283 [-0.3741, +0.1341] p=0.11 (Holm 0.32) tie",
+                             "-0.7500 ± 0.0707 [-1.3853, -0.1147] p=0.042 (Holm 0.17) tie",
+                             "-0.2500 ± 0.0707 [-0.8853, +0.3853] p=0.13 (Holm 0.32) tie",
+                             "-1.0000 ± 0.0707 [-1.6353, -0.3647] p=0.032 (Holm 0.16) tie", "2 paired"]
+    assert "Holm-adjusted over the table's 5 tests; 'better' / 'worse' where the adjusted p < 0.05" in text
     assert versus["moe"][0] == "-0.0500 (one seed: no verdict)" and versus["moe"][-1] == "unpaired"
     # moe's first logged step already spent more than the equal-FLOPs budget: no figure rather than a clamped one
     assert quality["moe"][5] == "-" and versus["moe"][2] == "-" and quality["moe"][6] == "1.9000 (n=1)"
@@ -280,6 +292,31 @@ def test_a_section_is_written_into_a_new_file_and_replaced_in_place_later(tmp_pa
     replace_section(str(path), "grid:x", "second", "Grid x")
     assert path.read_text() == ("# Benchmarks\n\n## Grid x\n\n<!-- grid:x -->\nsecond\n<!-- /grid:x -->\n"
                                 "\nhand-written notes\n")
+
+
+def test_restate_works_a_reports_verdicts_out_anew_from_its_runs(tmp_path, capsys):
+    """A report written under an earlier verdict rule (a difference and its sd, 'better' beyond two sd) gets this
+    version's tests from its recorded runs, and its section follows; nothing else in it changes."""
+    spec, finished, failed = _synthetic_grid()
+    report = assemble(spec, finished, failed, gpu=None, peak_tflops=None, price=0.5)
+    old = json.loads(json.dumps(report))
+    for cell in old["comparisons"]["mod"].values():
+        for key in ("t", "p", "ci", "p_holm"):
+            del cell[key]
+        cell["verdict"] = "better"
+    path, md = tmp_path / "grid_debug_embedded-hard.json", tmp_path / "B.md"
+    path.write_text(json.dumps(old))
+    main(["--restate", str(path), "--benchmarks_md", str(md)])
+    restated = json.loads(path.read_text())
+    assert restated == json.loads(json.dumps(report))
+    assert "[-1.3853, -0.1147] p=0.042 (Holm 0.17) tie" in md.read_text()
+    assert "<!-- grid:debug:embedded-hard -->" in md.read_text()
+    (tmp_path / "bad.json").write_text('{"runs": []}')
+    with pytest.raises(SystemExit, match=r"error: --restate .*bad.json: not a grid report"):
+        main(["--restate", str(tmp_path / "bad.json")])
+    with pytest.raises(SystemExit, match="its folder does not exist"):
+        main(["--restate", str(path), "--benchmarks_md", str(tmp_path / "no" / "B.md")])
+    assert json.loads(path.read_text()) == restated  # a refused command leaves the report as it was
 
 
 def test_a_variant_may_carry_its_own_token_budget_for_an_iso_flop_baseline():
@@ -465,10 +502,14 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
     for row in [r for r in report["runs"] if r["variant"] in (scratch.name, cheaper.name)]:
         assert [row[f"train_loss_at_equal_{b}"] for b in ("flops", "tokens", "seconds")] == [None] * 3
     pair, missing = report["pairs"]
-    # moe - scratch: -0.40, -0.30 -> -0.35 +- 0.070711: beyond two sd, better
+    # moe - scratch: -0.40, -0.30 -> -0.35 +- 0.070711, t = -7 on 1 df, p = 1 - 2 atan(7) / pi = 0.090334; the
+    # pairs' table holds 2 tests (validation and top-k routing, the same figures here): Holm 0.18067, a tie
     assert pair["variant"] == "moe" and pair["baseline"] == scratch.name
     assert pair["validation_loss"]["difference"] == pytest.approx(-0.35)
-    assert pair["validation_loss"]["sd"] == pytest.approx(0.0707107) and pair["validation_loss"]["verdict"] == "better"
+    assert pair["validation_loss"]["sd"] == pytest.approx(0.0707107)
+    assert pair["validation_loss"]["p"] == pytest.approx(0.090334, abs=1e-6)
+    assert pair["validation_loss"]["p_holm"] == pytest.approx(0.18067, abs=1e-5)
+    assert pair["validation_loss"]["verdict"] == "tie"
     assert pair["train_loss_at_equal_flops"] is None  # the scratch arm has no figure at the continuations' budget
     assert missing == {"variant": cheaper.name, "baseline": "hybrid", "missing": ["hybrid"]}
     # every variant with a budget of its own: the budgets are theirs, and the from-scratch arm is still read at none
@@ -481,8 +522,9 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
     text = markdown(report)
     assert "A continuation grid: each run starts from `runs/base/" in text
     pairs = _table(text, "variant | baseline")
-    assert pairs["moe"] == [scratch.name, "-0.3500 ± 0.0707 better", "-0.3500 ± 0.0707 better", "-", "-", "-",
-                            "2 paired"]
+    cell = "-0.3500 ± 0.0707 [-0.9853, +0.2853] p=0.09 (Holm 0.18) tie"
+    assert pairs["moe"] == [scratch.name, cell, cell, "-", "-", "-", "2 paired"]
+    assert "Each against its pair (variant - baseline, as above; Holm over this table's 2 tests)" in text
     assert pairs[cheaper.name][-1] == "no finished run of `hybrid`"
 
 

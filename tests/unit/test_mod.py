@@ -9,6 +9,8 @@ import json
 import pytest
 import torch
 from helpers.common import tiny_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from adaptive_ds.flops import training_flops_per_token
@@ -130,6 +132,64 @@ def test_causal_routing_with_every_other_block_routed_ignores_later_tokens(mode)
     assert len(a.mod_routing) == 2
     torch.testing.assert_close(a.logits[:, :12], b.logits[:, :12], rtol=0, atol=1e-6)
     assert not torch.allclose(a.logits[:, 12:], b.logits[:, 12:])
+
+
+def _decisions(model, mode, ids):
+    """Each MoD block's routed tokens in a forward, and the logits of its causal decision (the router's, or the
+    predictor's last layer's), caught at the module that computes them."""
+    logits = []
+    hooks = [(layer.router if mode == "router" else layer.predictor).register_forward_hook(
+        lambda m, args, out: logits.append(out.squeeze(-1))) for layer in mod_layers(model)]
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack([r.routed for r in out.mod_routing]), logits, out.logits
+
+
+@pytest.fixture(scope="module", params=[(arch, mode) for arch in ("mod", "hybrid") for mode in MODES],
+                ids=lambda p: "-".join(p))
+def routed_models(request):
+    """A MoD or hybrid model, its causal-routing mode, and input ids: built once, its capacity set by each case."""
+    arch, mode = request.param
+    torch.manual_seed(0)
+    return causal_model(arch, mode, num_hidden_layers=3), mode, torch.randint(2, 64, (2, 16))
+
+
+@settings(max_examples=12, deadline=None)
+@given(capacity=st.floats(0.01, 0.999))
+def test_below_capacity_one_causal_routing_routes_by_the_sign_of_its_decision(routed_models, capacity):
+    """No capacity below 1.0: whatever the blocks' capacity, a token runs a block exactly when the decision's logit
+    is > 0, some run and some skip (the figures published at capacities below 1.0 are this routing's)."""
+    model, mode, ids = routed_models
+    model.model.set_mod_capacity(capacity)
+    routed, logits, _ = _decisions(model, mode, ids)
+    assert torch.equal(routed, torch.stack(logits) > 0)
+    assert 0 < routed.float().mean() < 1
+
+
+def test_at_capacity_one_causal_routing_is_the_top_k_every_token(routed_models):
+    """Top-k at capacity 1.0 takes every token, which needs no look-ahead: causal routing takes them all too, and
+    computes the train-time routing's logits (here with the sigmoid scale: not the plain block)."""
+    model, mode, ids = routed_models
+    model.model.set_mod_capacity(0.5)
+    assert not _decisions(model, mode, ids)[0].all()  # the decision alone skips some
+    model.model.set_mod_capacity(1.0)
+    try:
+        routed, _, causal = _decisions(model, mode, ids)
+        assert routed.all()
+        model.model.set_mod_routing("topk")
+        with torch.no_grad():
+            topk = model(input_ids=ids, use_cache=False).logits
+        torch.testing.assert_close(causal, topk, rtol=0, atol=1e-5)
+        model.model.set_mod_routing("causal")
+        generated = model.generate(ids[:1, :6], max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                                   return_dict_in_generate=True)
+        assert all(s.all() for s in generated.cache.slots.values())  # cached decoding routes every token too
+    finally:
+        model.model.set_mod_routing("causal")
 
 
 def test_a_step_that_skips_every_block_leaves_their_caches_alone():

@@ -166,6 +166,34 @@ def test_capacity_drops_exactly_the_later_tokens_and_second_choices():
     assert weights[(2, 0)] == pytest.approx(1.0) and weights[(0, 0)] + weights[(0, 1)] == pytest.approx(1.0)
 
 
+def _weights(kept) -> dict[tuple[int, int], float]:
+    """(token, expert) -> gate weight of the kept assignments."""
+    experts = torch.repeat_interleave(torch.arange(len(kept.counts)), kept.counts).tolist()
+    return dict(zip(zip(kept.token.tolist(), experts, strict=True), kept.weight.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("capacity", [None, 1], ids=["dropless", "capacity 1"])
+def test_unrenormalised_top_k_weights_are_the_softmax_probabilities_as_they_are(capacity):
+    """Qwen3-MoE's norm_topk_prob false (`renormalize=False`): a token's expert outputs are weighted by their gate
+    probabilities, which then sum to less than 1, and a dropped choice's share goes to no other choice."""
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.4, 0.3]])  # token 0: experts 3, 2; token 1: 2, 3
+    kept, _, _ = route(probs.log(), k=2, capacity=capacity, renormalize=False)
+    renormalised, _, _ = route(probs.log(), k=2, capacity=capacity)
+    if capacity is None:  # every choice kept
+        expected = {(0, 3): 0.4, (0, 2): 0.3, (1, 2): 0.4, (1, 3): 0.3}
+        expected_renormalised = {(0, 3): 4 / 7, (0, 2): 3 / 7, (1, 2): 4 / 7, (1, 3): 3 / 7}
+    else:  # one slot each: the first choices win it (token 0 expert 3, token 1 expert 2), the second choices drop
+        expected = {(0, 3): 0.4, (1, 2): 0.4}
+        expected_renormalised = {(0, 3): 1.0, (1, 2): 1.0}
+    assert _weights(kept) == pytest.approx(expected)
+    assert _weights(renormalised) == pytest.approx(expected_renormalised)
+    # top-1: the probability, or exactly 1 with moe_renormalize_top1, whatever `renormalize` says
+    assert _weights(route(probs.log(), k=1, capacity=capacity, renormalize=False)[0]) == pytest.approx(
+        {(0, 3): 0.4, (1, 2): 0.4})
+    assert _weights(route(probs.log(), k=1, capacity=capacity, renormalize_top1=True, renormalize=False)[0]) == {
+        (0, 3): 1.0, (1, 2): 1.0}
+
+
 def test_layer_reports_dropped_assignments_in_training_and_is_dropless_in_eval():
     layer = _layer(moe_drop_tokens=True, moe_capacity_factor=0.5, moe_min_capacity=1)
     x = torch.randn(1, 40, 32)

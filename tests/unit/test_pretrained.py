@@ -141,7 +141,7 @@ def test_the_planner_reads_a_hub_models_config_without_fetching_its_weights(tmp_
     import huggingface_hub
     from helpers.pretrained_folders import DEBUG
 
-    from adaptive_ds.pretrained import SOURCE_FILES
+    from adaptive_ds.pretrained import CHAT_FILES, SOURCE_FILES
     from adaptive_ds.tools.plan import main
 
     folder = llama_folder(tmp_path / "snapshot", shape=DEBUG)
@@ -154,9 +154,10 @@ def test_the_planner_reads_a_hub_models_config_without_fetching_its_weights(tmp_
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     main(["--init_from", "TinyLlama/TinyLlama_v1.1", "--arch", "moe", "--gpu", "t4", "--json"])
     assert json.loads(capsys.readouterr().out)["preset"] == "debug"
-    assert asked == [list(SOURCE_FILES)] and not any(fnmatch.fnmatch("model.safetensors", p) for p in asked[0])
+    files = [*SOURCE_FILES, *CHAT_FILES]  # config, tokenizer, index; chat template and generation config
+    assert asked == [files] and not any(fnmatch.fnmatch("model.safetensors", p) for p in asked[0])
     Source.open("TinyLlama/TinyLlama_v1.1")  # a run's source: the weights the index names, after the config
-    assert asked[1:] == [list(SOURCE_FILES), ["model.safetensors"]]
+    assert asked[1:] == [files, ["model.safetensors"]]
 
 
 def test_the_preset_is_the_folders_shape_when_none_is_named(tmp_path, llama):
@@ -190,7 +191,7 @@ def test_a_hub_id_is_resolved_through_the_hf_cache_and_a_missing_one_refused_in_
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from adaptive_ds.pretrained import SOURCE_FILES, resolve
+    from adaptive_ds.pretrained import CHAT_FILES, SOURCE_FILES, resolve
 
     asked = []
 
@@ -200,10 +201,11 @@ def test_a_hub_id_is_resolved_through_the_hf_cache_and_a_missing_one_refused_in_
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     assert resolve("TinyLlama/TinyLlama_v1.1") == str(llama)
-    # config, tokenizer and index first, then only the weights they name: not every *.safetensors of the repository
+    # config, tokenizer (chat template and generation config too) and index first, then only the weights they name:
+    # not every *.safetensors of the repository
     hub_id = "TinyLlama/TinyLlama_v1.1"
-    assert asked == [(hub_id, list(SOURCE_FILES)), (hub_id, ["model.safetensors"])]
-    assert not any(fnmatch.fnmatch("consolidated.safetensors", pattern) for pattern in SOURCE_FILES)
+    assert asked == [(hub_id, [*SOURCE_FILES, *CHAT_FILES]), (hub_id, ["model.safetensors"])]
+    assert not any(fnmatch.fnmatch("consolidated.safetensors", p) for p in [*SOURCE_FILES, *CHAT_FILES])
 
     def offline(repo_id, allow_patterns):
         raise LocalEntryNotFoundError("not in the cache and the Hub cannot be reached")
@@ -303,3 +305,16 @@ def test_a_folder_of_no_presets_shape_trains_at_its_own_context_up_to_2048(tmp_p
                       "x")
     assert "None" not in card and "debug" not in card and "\n# adaptive_ds dense\n" in card
     assert "| preset | none (the shape of the weights it started from) |" in card
+
+
+def test_an_init_from_checkpoint_saved_before_the_config_recorded_its_family_and_token_ids_resumes():
+    """`source_model_type` and the special tokens' ids are what the config records beside the model's function: an
+    identity without them (or with the token ids of before) resumes; a field of the function still does not."""
+    from adaptive_ds.models import AdaptiveDSConfig
+    from adaptive_ds.training.checkpoint.identity import with_new_model_fields
+
+    now = AdaptiveDSConfig(source_model_type="llama", bos_token_id=1, pad_token_id=2).to_dict()
+    before = {k: v for k, v in now.items() if k != "source_model_type"} | {"bos_token_id": None, "pad_token_id": None}
+    check_compatible(with_new_model_fields({"model": before}), {"model": now}, "")
+    with pytest.raises(CheckpointError, match="model.hidden_size"):
+        check_compatible(with_new_model_fields({"model": {**before, "hidden_size": 64}}), {"model": now}, "")

@@ -22,10 +22,11 @@ from .mixtral import MIXTRAL
 from .own import ADAPTIVE_DS
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
-from .registry import FAMILIES, Family, exportable, family_of, register_family, supported
+from .qwen3_moe import QWEN3_MOE
+from .registry import FAMILIES, Family, auto_export_model_type, exportable, family_of, register_family, supported
 
-for _family in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, ADAPTIVE_DS):
+for _family in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL, QWEN3_MOE, ADAPTIVE_DS):
     register_family(_family)
 
-__all__ = ["ADAPTIVE_DS", "FAMILIES", "LLAMA", "MISTRAL", "MIXTRAL", "QWEN2", "QWEN3", "Family", "exportable",
-           "family_of", "register_family", "supported"]
+__all__ = ["ADAPTIVE_DS", "FAMILIES", "LLAMA", "MISTRAL", "MIXTRAL", "QWEN2", "QWEN3", "QWEN3_MOE", "Family",
+           "auto_export_model_type", "exportable", "family_of", "register_family", "supported"]

@@ -104,7 +104,7 @@ def dense_incompatibility(config: AdaptiveDSConfig, family: str) -> str | None:
     if spec.plain:
         return None
     if spec.moe:
-        return f"arch is {config.arch!r}: MoE layers have no {family} equivalent (--to mixtral or qwen3_moe export MoE)"
+        return f"arch is {config.arch!r}: MoE layers have no {family} equivalent (an MoE family's class may hold them)"
     if spec.mlp is not None:
         return f"arch is {config.arch!r}: its MLP is its own, not a {family}'s SwiGLU"
     if not config.mod_straight_through:
@@ -161,4 +161,5 @@ def _llama_import_fields(config: PreTrainedConfig) -> dict:
 
 
 LLAMA = Family("llama", "LlamaForCausalLM", LlamaConfig, "dense", _llama_import_fields,
-               feature_problems=llama_feature_problems, export_problem=llama_incompatibility, to_stock=to_llama)
+               feature_problems=llama_feature_problems,
+               upcycled_model_type="mixtral", export_problem=llama_incompatibility, to_stock=to_llama)

@@ -33,6 +33,7 @@ def mistral_config_fields(config: AdaptiveDSConfig) -> dict:
 
 
 MISTRAL = Family("mistral", "MistralForCausalLM", MistralConfig, "dense", mistral_fields,
-                 feature_problems=llama_feature_problems, export_problem=mistral_incompatibility,
+                 feature_problems=llama_feature_problems,
+               upcycled_model_type="mixtral", export_problem=mistral_incompatibility,
                  to_stock=dense_exporter("mistral", MistralForCausalLM, MistralConfig, mistral_incompatibility,
                                          mistral_config_fields))

@@ -99,9 +99,10 @@ def mixtral_incompatibility(config: AdaptiveDSConfig) -> str | None:
 
 
 def mixtral_state(config: AdaptiveDSConfig, state: dict) -> dict:
-    """A Mixtral's state dict (transformers' in-memory layout) from an MoE model's that holds all its experts."""
+    """A Mixtral's state dict (transformers' in-memory layout) from an MoE model's that holds all its experts (and
+    Qwen3-MoE's, whose layers without experts keep their dense MLP's names)."""
     mixtral = {name: tensor for name, tensor in state.items() if ".mlp.moe." not in name}
-    for layer in range(config.num_hidden_layers):
+    for layer in filter(config.is_moe_layer, range(config.num_hidden_layers)):
         ours = f"model.layers.{layer}.mlp.moe.deepspeed_moe."
         experts = [f"{ours}experts.deepspeed_experts.{e}." for e in range(config.num_routed_experts)]
         mixtral[f"model.layers.{layer}.mlp.gate.weight"] = state[f"{ours}gate.wg.weight"]

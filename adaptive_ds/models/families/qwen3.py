@@ -46,6 +46,7 @@ def qwen3_config_fields(config: AdaptiveDSConfig) -> dict:
 
 
 QWEN3 = Family("qwen3", "Qwen3ForCausalLM", Qwen3Config, "dense", qwen3_fields,
-               feature_problems=llama_feature_problems, export_problem=qwen3_incompatibility,
+               feature_problems=llama_feature_problems,
+               upcycled_model_type="qwen3_moe", export_problem=qwen3_incompatibility,
                to_stock=dense_exporter("qwen3", Qwen3ForCausalLM, Qwen3Config, qwen3_incompatibility,
                                        qwen3_config_fields))

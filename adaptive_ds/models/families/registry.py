@@ -61,6 +61,9 @@ class Family:
     reader: Callable[[Reader, set[str]], Reader] = _same_names
     export_problem: Callable[[AdaptiveDSConfig], str | None] | None = None
     to_stock: Callable[[PreTrainedModel], PreTrainedModel] | None = None
+    # the family an MoE model upcycled from one of this family's dense models exports to (`--to auto`): the MoE
+    # sibling with the same attention (Llama's and Mistral's: Mixtral; Qwen3's: Qwen3-MoE); None: none
+    upcycled_model_type: str | None = None
 
     def architecture(self, config: PreTrainedConfig) -> str:
         """The architecture the folder of `config` holds."""
@@ -94,3 +97,15 @@ def family_of(model_type: str | None) -> Family:
 def exportable() -> list[str]:
     """The model types a trained model can be converted to (the families with a `to_stock`)."""
     return [family.model_type for family in FAMILIES.values() if family.to_stock is not None]
+
+
+def auto_export_model_type(config: AdaptiveDSConfig) -> str | None:
+    """The stock family `--to auto` converts a model of `config` to: the family its weights came from
+    (`source_model_type`), or, for an MoE model upcycled from a dense family, that family's MoE sibling
+    (`Family.upcycled_model_type`); None where the model started from no stock family."""
+    family = FAMILIES.get(config.source_model_type)
+    if family is None:
+        return config.source_model_type
+    if config.arch_spec.moe and family.upcycled_model_type is not None:
+        return family.upcycled_model_type
+    return family.model_type

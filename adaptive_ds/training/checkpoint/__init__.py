@@ -8,9 +8,9 @@
     consolidate.py  the zero_to_fp32.py / zero_to_torch.py installed in OUTPUT_DIR/checkpoints, for every architecture
 
 Layout: OUTPUT_DIR/checkpoints/<tag>/ holds DeepSpeed's files (module, ZeRO optimizer shards, expert files,
-scheduler, loss scaler), each rank's RNG state and data position, the tokenizer, `manifest.json` (every other file's
-relative path, size and CRC-32) and `run.json` (the states every rank shares); OUTPUT_DIR/checkpoints/latest names
-the newest complete checkpoint.
+scheduler, loss scaler), each rank's RNG state and data position, the tokenizer and generation_config.json,
+`manifest.json` (every other file's relative path, size and CRC-32) and `run.json` (the states every rank shares);
+OUTPUT_DIR/checkpoints/latest names the newest complete checkpoint.
 """
 
 from ...ds_checkpoint import resolve_tag_dir

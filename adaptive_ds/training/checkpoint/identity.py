@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 LAYOUT_KEYS = ("world_size", "model.moe_ep_size")
 # Where the --init_from weights were found, and their files' sizes and mtimes: the weights are their hash's
 SOURCE_LOCATION_KEYS = ("base_model.source", "base_model.files")
+# What the model's config records beside its function: the stock family its weights came from (for export --to
+# auto) and the special tokens' ids (the tokenizer's, which `tokenizer` in the identity checks); a run saved before
+# they were recorded resumes
+MODEL_METADATA_KEYS = ("model.source_model_type", "model.bos_token_id", "model.eos_token_id", "model.pad_token_id")
 
 
 def run_identity(settings, world_size: int, rows_per_rank_step: int, config, base_model: dict | None = None) -> dict:
@@ -48,7 +52,7 @@ def check_compatible(saved: dict, current: dict, where: str, allowed: tuple[str,
     before that holds the --tokenizer string instead, which prepared data ignores. Such an identity (on the same
     `data`, checked as any other key) is taken with one warning: which tokenizer it trained on cannot be checked."""
     differences, unchecked = [], None
-    allowed = (*allowed, *SOURCE_LOCATION_KEYS)
+    allowed = (*allowed, *SOURCE_LOCATION_KEYS, *MODEL_METADATA_KEYS)
     for key, value in current.items():
         old = saved.get(key)
         if isinstance(value, dict) and isinstance(old, dict):

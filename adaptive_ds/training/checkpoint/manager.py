@@ -3,7 +3,7 @@
 A checkpoint is the union of the state of the run's stateful parts, as torchtitan's CheckpointManager and litgpt's
 state dict keep it: DeepSpeed's engine (model, optimizer, schedule, loss scaler) in its own files; the states every
 rank shares in run.json; each rank's own states in <name>_rank{r}.json (a streamed source's position); the RNG per
-rank in rng_rank{r}.pt; and the tokenizer, so that an export needs nothing else.
+rank in rng_rank{r}.pt; and the tokenizer and generation_config.json, so that an export needs nothing else.
 
 Save: every rank writes its files, then the manifest's checksums are computed in parallel (file i, by size, on rank
 i % world, so their cost on one rank does not grow with the world size), and manifest.json, run.json and `latest`
@@ -93,6 +93,8 @@ def _write_files(engine, root: str, tag: str, client_state: dict, tokenizer, ran
                 storage.write_json(os.path.join(root, tag, storage.rank_state_file(name, rank)), state)
         if rank == 0:
             tokenizer.save_pretrained(os.path.join(root, tag, "tokenizer"))
+            # what final/ will carry (--init_from's eos ids and sampling defaults), for an export of this checkpoint
+            engine.module.generation_config.save_pretrained(os.path.join(root, tag))
             consolidate.install_scripts(root)  # over DeepSpeed's zero_to_fp32.py, which cannot read MoE checkpoints
     except (OSError, RuntimeError) as e:
         return storage.one_line(e)

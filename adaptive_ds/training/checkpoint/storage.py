@@ -1,9 +1,9 @@
 """A checkpoint on disk: its names, atomic files, the manifest that proves it complete, and setting a bad one aside.
 
-OUTPUT_DIR/checkpoints/<tag>/ holds DeepSpeed's files, each rank's RNG state and data position, the tokenizer,
-`manifest.json` (every other file's relative path, size and CRC-32) and `run.json` (the run's state);
-OUTPUT_DIR/checkpoints/latest names the newest complete checkpoint. Nothing here is collective: `manager.py` shares
-the work out over the ranks.
+OUTPUT_DIR/checkpoints/<tag>/ holds DeepSpeed's files, each rank's RNG state and data position, the tokenizer and
+generation_config.json, `manifest.json` (every other file's relative path, size and CRC-32) and `run.json` (the
+run's state); OUTPUT_DIR/checkpoints/latest names the newest complete checkpoint. Nothing here is collective:
+`manager.py` shares the work out over the ranks.
 """
 
 from __future__ import annotations

@@ -1,0 +1,85 @@
+"""The grid's significance tests against independent references: Student's sleep data (the paired t-test's
+textbook example, as R's t.test reports it), printed t tables, mpmath's incomplete beta function, and Holm's
+procedure worked by hand."""
+
+import math
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptive_ds.tools.significance import holm, judge, paired_t, t_quantile, t_two_sided_p
+
+# Cushny and Peebles' sleep data as Student (1908) analysed it: extra hours of sleep under two drugs, 10 patients.
+# R: t.test(extra ~ group, data = sleep, paired = TRUE) -> t = -4.0621, df = 9, p-value = 0.002833,
+# 95 percent confidence interval: -2.4598858 -0.7001142, mean difference -1.58.
+DRUG_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
+DRUG_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
+
+
+def test_the_paired_t_test_of_students_sleep_data():
+    d = [a - b for a, b in zip(DRUG_1, DRUG_2, strict=True)]
+    result = paired_t(statistics.mean(d), statistics.stdev(d), len(d))
+    assert result["t"] == pytest.approx(-4.0621, abs=5e-5)
+    assert result["p"] == pytest.approx(0.002833, abs=5e-7)
+    assert result["ci"] == pytest.approx([-2.4598858, -0.7001142], abs=5e-8)
+
+
+@pytest.mark.parametrize(("df", "t"), [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (9, 2.262),
+                                       (10, 2.228), (30, 2.042)])
+def test_the_95_percent_multiplier_is_the_t_tables(df, t):
+    """Two-sided 5% critical values as every t table prints them (three decimals)."""
+    assert t_quantile(0.975, df) == pytest.approx(t, abs=5e-4)
+    assert t_two_sided_p(t_quantile(0.975, df), df) == pytest.approx(0.05, abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(df=st.integers(1, 60), t=st.floats(0, 50))
+def test_the_p_value_is_the_incomplete_beta_functions(df, t):
+    """P(|T| >= t) = I_{df/(df+t^2)}(df/2, 1/2), computed by mpmath at high precision."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(40):  # x near 1 for a small t: its complement must not round away
+        x = mpmath.mpf(df) / (df + mpmath.mpf(t) ** 2)
+        reference = float(mpmath.betainc(mpmath.mpf(df) / 2, mpmath.mpf(1) / 2, 0, x, regularized=True))
+    assert t_two_sided_p(t, df) == pytest.approx(reference, rel=1e-9, abs=1e-12)
+    assert t_two_sided_p(-t, df) == t_two_sided_p(t, df)
+
+
+def test_degenerate_differences():
+    # every seed 0.01 lower: certain, whatever n; none different: no evidence
+    same = paired_t(-0.01, 0.0, 3)
+    assert same["p"] == 0.0 and same["t"] is None and same["ci"] == [-0.01, -0.01]
+    assert paired_t(0.0, 0.0, 3)["p"] == 1.0
+    assert paired_t(0.1, 0.05, 1) == {"t": None, "p": None, "ci": None}
+    with pytest.raises(ValueError, match="positive integer"):
+        t_two_sided_p(1.0, 0)
+
+
+def test_holm_against_hand_worked_examples():
+    # four tests at 5%: sorted 0.005, 0.01, 0.03, 0.04 against 0.05/4, 0.05/3, 0.05/2 (stops), 0.05/1:
+    # the first two rejected. Adjusted: 4 x 0.005 = 0.02, 3 x 0.01 = 0.03, 2 x 0.03 = 0.06, max(0.06, 0.04) = 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # 5 x 0.01, 4 x 0.02, 3 x 0.03, then kept from falling (2 x 0.04 = 0.08 < 0.09), capped at 1 where it exceeds
+    assert holm([0.01, 0.02, 0.03, 0.04, 0.05]) == pytest.approx([0.05, 0.08, 0.09, 0.09, 0.09])
+    assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([]) == []
+
+
+def test_a_table_is_judged_as_a_whole():
+    """0.02 alone is significant; beside a larger second p Holm doubles it (0.04, still below 5%); beside four more
+    it is 0.1 (a tie). A comparison without a test has no verdict; lower losses are better."""
+    def cells(*ps):
+        return [{"difference": -0.1 if i % 2 else 0.1, "p": p} for i, p in enumerate(ps)]
+
+    alone = cells(0.02)
+    judge(alone)
+    assert alone[0]["verdict"] == "worse" and alone[0]["p_holm"] == pytest.approx(0.02)
+    two = cells(0.02, 0.03)
+    judge(two)
+    assert [c["verdict"] for c in two] == ["worse", "better"] and two[0]["p_holm"] == pytest.approx(0.04)
+    assert two[1]["p_holm"] == pytest.approx(0.04)  # 1 x 0.03, kept from falling below the smaller p's 0.04
+    five = cells(0.02, 0.3, 0.5, 0.7, 0.9) + [{"difference": -0.4, "p": None}]
+    judge(five)
+    assert five[0]["p_holm"] == pytest.approx(0.1) and five[0]["verdict"] == "tie"
+    assert five[-1]["verdict"] is None and five[-1]["p_holm"] is None
+    assert not math.isnan(five[1]["p_holm"])
