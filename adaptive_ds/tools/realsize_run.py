@@ -62,7 +62,8 @@ def measure(folder: str, seq_len: int, step: bool = True, load_only: bool = Fals
     settings, ds_config = _settings(folder)
     source = startup.open_source(settings)
     data = startup.load_data(settings, seq_len)
-    config = startup.model_config_of(settings, source, data.tokenizer)
+    saved = startup.saved_tokenizer(source, data.tokenizer)  # whose special tokens the model takes
+    config = startup.model_config_of(settings, source, data.tokenizer, saved)
     batch = data.validation_batches(1, 1)[0]
     gc.collect()
     before = psutil.Process().memory_info().rss
