@@ -48,6 +48,8 @@ def _render(key: str, report: dict) -> str:
         from adaptive_ds.tools.acceptance import markdown
     elif kind == "quickstart":
         from adaptive_ds.tools.quickstart import markdown
+    elif kind == "ops-build":
+        from adaptive_ds.tools.build_ops import markdown
     else:
         raise AssertionError(f"BENCHMARKS.md section {key}: no command renders a section of this kind")
     return markdown(report)
