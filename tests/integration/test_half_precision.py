@@ -5,8 +5,9 @@ DeepSpeed's CPU Adam), and bf16 as `b1_a100.json` writes it (ZeRO-2).
 An overflow injected where DeepSpeed meets one (an infinite gradient) is skipped: the weights and the learning-rate
 schedule stay, the step and its tokens count, the loss scale falls as the config's `hysteresis` says, and the
 controller sees a skipped step rather than a loss sample. The routers and gates (MoE's top-k softmax, MoD's router
-and its predictor) stay sound: each architecture's losses in half precision stay within a stated tolerance of the
-same engine's in fp32. Where the accelerator lacks a half precision, its tests skip with that reason."""
+and its predictor) stay sound: each architecture's losses in half precision stay within a stated tolerance of
+fp32's (`b1_t4.json`'s engine with its fp16 turned off). Where the accelerator lacks a half precision, its tests skip
+with that reason."""
 
 import json
 
@@ -22,11 +23,12 @@ FP16, BF16 = HALF_PRECISION["fp16"], HALF_PRECISION["bf16"]
 ARCHITECTURES = ("dense", "moe", "mod", "hybrid")
 STEPS = 20
 # The most a step's loss (nats per token) may differ from fp32's over STEPS steps. DeepSpeed keeps fp32 master
-# weights in both, so the differences are the half-precision forward and backward's roundings, carried through 20
-# updates: a few thousandths here (fp16 keeps 11 significant bits, bf16 8), each tolerance about five times that.
-# The architectures' losses differ from each other by tenths: a router or gate that saturates, or a softmax that
-# overflows, moves the loss by that much (or makes it NaN).
-TOLERANCE = {"fp16": 0.01, "bf16": 0.02}
+# weights in both, so the differences are the half-precision forward and backward's roundings (fp16 keeps 11
+# significant bits, bf16 8), carried through 20 updates and the routers' top-k choices: a few thousandths on this
+# machine, for every architecture, the tolerance several times that and under a tenth of what 20 steps of training move
+# the loss by. What it guards: a router, gate or softmax whose half-precision math departs from fp32's by more than
+# roundings (one that saturates or overflows), which a NaN loss or a larger difference would show.
+TOLERANCE = {"fp16": 0.02, "bf16": 0.02}
 
 
 def _records(out) -> list[dict]:
@@ -79,21 +81,23 @@ def test_an_overflow_is_skipped_and_the_loss_scale_falls_as_the_hysteresis_says(
 
 
 _FP32: dict[str, list[float]] = {}  # each architecture's reference losses, once per test process
-# One micro-batch a step (the overflow test above accumulates two): the comparison is of the model's math.
-_COMPARED = {"max_steps": STEPS, "warmup_steps": 2, "accumulation": 1}
+# The debug preset's first 2 blocks, one micro-batch a step (the overflow test above accumulates two): the comparison
+# is of the model's math, each architecture's routed blocks included, at half the cost.
+_COMPARED = {"max_steps": STEPS, "warmup_steps": 2, "accumulation": 1, "model": {"num_hidden_layers": 2}}
 
 
-def _losses(config: str, out, hooks=None) -> list[float]:
+def _run(config: str, out, hooks=None) -> list[dict]:
     train(["--ds_config", config, "--output_dir", str(out)], hooks=hooks)
-    return [r["loss"] for r in _records(out)]
+    return _records(out)
 
 
-def _fp32_losses(arch: str, directory) -> list[float]:
+def _fp32_losses(arch: str, tmp_path_factory) -> list[float]:
     """`b1_t4.json`'s engine in fp32 (ZeRO-2, DeepSpeed's CPU Adam): the reference of both half precisions (the
-    bf16 config's FusedAdam makes the same AdamW update)."""
+    bf16 config's FusedAdam makes the same AdamW update, with the same settings)."""
     if arch not in _FP32:
+        directory = tmp_path_factory.mktemp(f"fp32-{arch}")
         config = in_fp32(as_configured(FP16, directory, **_COMPARED, arch=arch))
-        _FP32[arch] = _losses(config, directory / "fp32")
+        _FP32[arch] = [r["loss"] for r in _run(config, directory / "fp32")]
     return _FP32[arch]
 
 
@@ -102,9 +106,13 @@ def _fp32_losses(arch: str, directory) -> list[float]:
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_each_architecture_in_half_precision_follows_fp32(arch, precision, name, tmp_path, tmp_path_factory):
     facts = EngineFacts()
-    losses = _losses(as_configured(name, tmp_path, **_COMPARED, arch=arch), tmp_path / "run", facts)
+    records = _run(as_configured(name, tmp_path, **_COMPARED, arch=arch), tmp_path / "run", facts)
     assert facts.facts == expected_facts(name)  # the shipped engine section, as written
-    reference = _fp32_losses(arch, tmp_path_factory.mktemp(f"fp32-{arch}"))
+    routed = {"moe": arch in ("moe", "hybrid"), "mod": arch in ("mod", "hybrid")}
+    assert {kind: kind in records[-1] for kind in routed} == routed  # its routers ran (their statistics logged)
+    losses = [r["loss"] for r in records]
+    assert shipped(name)["optimizer"] == shipped(FP16)["optimizer"]  # the reference's AdamW and its settings
+    reference = _fp32_losses(arch, tmp_path_factory)
     differences = [abs(a - b) for a, b in zip(losses, reference, strict=True)]
     assert len(losses) == STEPS and max(differences) <= TOLERANCE[precision], differences
-    assert losses[-1] < losses[0] - 0.3  # and it learns
+    assert losses[-1] < losses[0] - 0.25  # and it learns
