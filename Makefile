@@ -16,12 +16,18 @@ export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
 .PHONY: setup train test golden lint clean gpu-check slurm-deps
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/.ops
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e ".[dev,logging]"
+	touch $@
+
+# DeepSpeed's ops that the shipped configs use (CPU Adam, FusedAdam, the CPU's collectives), compiled once into
+# TORCH_EXTENSIONS_DIR, so that no test and no first run waits minutes for a compile (BENCHMARKS.md, ops-build:cpu).
+$(VENV)/.ops: $(VENV)/.installed
+	$(BIN)/python -m adaptive_ds.tools.build_ops
 	touch $@
 
 train: setup

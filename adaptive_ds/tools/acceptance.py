@@ -31,10 +31,11 @@ The JSON report goes to `--out` (default `runs/acceptance/acceptance_<gpu|dry>_<
 working directory, which git ignores); a section of a Markdown file (with date, GPU, commit and command) only when
 `--benchmarks_md` names one: publishing is `--out benchmarks/acceptance_gpu.json --benchmarks_md BENCHMARKS.md`.
 
-Without CUDA the same command runs every stage at tiny sizes on CPU (debug preset, fp32, no offload, the GPU tests
-only collected, four benchmark cases, compiled with dynamo's eager backend), all in this one process: a check that
-the command still works, not a measurement; its targets are "not measured (dry run)" and it exits 0 when every
-stage completed. tests/unit/test_acceptance.py checks the verdicts on made-up stage records;
+Without CUDA the same command runs every stage at tiny sizes on CPU (debug preset, the GPU tests only collected, four
+benchmark cases, compiled with dynamo's eager backend), all in this one process, with the configs' fp16, bf16 and
+optimizer offload wherever DeepSpeed's CPU accelerator runs them (a warning names what it leaves out, and why): a
+check that the command still works, not a measurement; its targets are "not measured (dry run)" and it exits 0 when
+every stage completed. tests/unit/test_acceptance.py checks the verdicts on made-up stage records;
 tests/integration/test_acceptance.py runs the dry run, and a stage in its own process (`--stage`, what a CUDA
 machine runs).
 """
@@ -118,19 +119,39 @@ MET, MISSED, FIGURE_MISSING = "met", "missed", "not measured (figure missing)"
 
 
 def _ds_config(name: str, dry: bool, micro_batch: int | None = None) -> dict:
-    """A shipped ds_config with gradient accumulation 1. Dry run: no fp16/bf16 and no optimizer offload (DeepSpeed's
-    fp16 needs CUDA; its CPU Adam is a C++ build a dry run has no use for), torch's AdamW."""
+    """A shipped ds_config with gradient accumulation 1. A dry run keeps its precision, loss scaling and optimizer
+    offload wherever this machine runs them (`_unsupported_here`), so that it runs the config as written."""
     from ..ds_config import SHIPPED_DIR, load  # the same ds_config reader as training
 
     config = load(os.path.join(SHIPPED_DIR, name))
     micro = micro_batch or config["train_micro_batch_size_per_gpu"]
     config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=1, train_batch_size=micro)
     if dry:
-        config.pop("fp16", None)
-        config.pop("bf16", None)
-        config["zero_optimization"].pop("offload_optimizer", None)
-        config["optimizer"]["params"]["torch_adam"] = True
+        for problem in _unsupported_here(config):
+            logger.warning("dry run of %s without %s", name, problem)
     return config
+
+
+def _unsupported_here(config: dict) -> list[str]:
+    """Take out of `config` what DeepSpeed's accelerator here cannot run, each named with why: a half precision it
+    lacks (`is_fp16_supported()`, `is_bf16_supported()`), and the optimizer offload where DeepSpeed's CPU Adam does
+    not build (then torch's AdamW); `make setup` built it, so it loads from the cache."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator, problems = get_accelerator(), []
+    for key, supported in (("fp16", accelerator.is_fp16_supported), ("bf16", accelerator.is_bf16_supported)):
+        if config.get(key, {}).get("enabled") and not supported():
+            config.pop(key)
+            problems.append(f"{key}: DeepSpeed's {accelerator.device_name()} accelerator has no {key} here")
+    zero = config.get("zero_optimization", {})
+    if zero.get("offload_optimizer"):
+        try:
+            accelerator.create_op_builder("CPUAdamBuilder").load()
+        except Exception as error:  # a compiler missing or failing: DeepSpeed raises what the build raised
+            zero.pop("offload_optimizer")
+            config["optimizer"]["params"]["torch_adam"] = True
+            problems.append(f"the optimizer offload: DeepSpeed's CPU Adam does not build here ({error})")
+    return problems
 
 
 def _peak() -> dict:
@@ -175,11 +196,13 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
     argv = ["--ds_config", str(path), "--output_dir", str(out), "--gpu_memory_gib", str(B1_T4_CAP_GIB)]
     train(argv)
     summary = json.loads((out / "summary.json").read_text())
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])  # fp16's loss scale, skipped steps
     plan = plan_ds_config(preset, "dense", "t4", config, gpus=1, vocab_size=len(embedded_tokenizer()))
     result = {"command": "python -m adaptive_ds.training " + shlex.join(argv), "ds_config": config, **_peak(),
               "predicted_peak_gib": plan.peak_gib, "steps": summary["steps"],
               "training_tokens_per_s": summary.get("training_tokens_per_s"), "train_loss": summary["train_loss"],
-              "validation_loss": summary["validation_loss"], "gpu_memory_cap_gib": B1_T4_CAP_GIB}
+              "validation_loss": summary["validation_loss"], "gpu_memory_cap_gib": B1_T4_CAP_GIB,
+              "loss_scale": last.get("loss_scale"), "skipped_steps": last.get("skipped_steps")}
     shutil.rmtree(out)  # the end checkpoint holds every optimizer state of b1: disk the report does not need
     result["ok"] = summary["steps"] == steps
     return result
@@ -188,10 +211,13 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
 def stage_benchmark(dry: bool, workdir: Path, micro_batch: int = 8) -> dict:
     from .benchmark import CASES, run_benchmark
 
-    # a dry run: one case of each kind (eager, compiled, routed); tests/integration/test_benchmark.py runs every
-    # case on CPU
+    # a dry run: one case of each kind (eager, compiled, routed), in the stage's bf16 where the machine has it;
+    # tests/integration/test_benchmark.py runs every case on CPU
     if dry:
-        report = run_benchmark("debug", steps=1, rounds=1, warmup=1, micro_batch=2, precision="fp32",
+        from deepspeed.accelerator import get_accelerator
+
+        precision = "bf16" if get_accelerator().is_bf16_supported() else "fp32"
+        report = run_benchmark("debug", steps=1, rounds=1, warmup=1, micro_batch=2, precision=precision,
                                cases=DRY_RUN_CASES, compile_backend="eager")
         report["ok"] = set(report["results"]) == set(DRY_RUN_CASES)
         return report
@@ -393,9 +419,11 @@ def markdown(report: dict) -> str:
         if name == "gpu_tests":
             figures = f"`{r.get('command', '')}`: {r.get('summary', '')}"
         elif name == "b1_t4":
+            scale = "" if r.get("loss_scale") is None else f"fp16 loss scale {r['loss_scale']:g} at the end, "
             figures = (f"peak allocated {_gib(r, 'peak_allocated_gib')}, reserved {_gib(r, 'peak_reserved_gib')} "
                        f"under a {B1_T4_CAP_GIB} GiB cap; planner {_gib(r, 'predicted_peak_gib')}; "
-                       f"{r.get('training_tokens_per_s') or 0:,.0f} tokens/s; `{r.get('command', '')}`")
+                       f"{r.get('training_tokens_per_s') or 0:,.0f} tokens/s; {scale}"
+                       f"{r.get('skipped_steps', 0)} steps skipped; `{r.get('command', '')}`")
         elif name == "benchmark":
             figures = (f"{r.get('preset')} {r.get('precision')}, micro-batch {r.get('micro_batch')}: section "
                        f"`throughput:{r.get('preset')}:gpu` below")

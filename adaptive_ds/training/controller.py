@@ -15,9 +15,10 @@ block (see `ControllerSettings`):
   `nonfinite_steps` non-finite losses in a row roll the run back to the last healthy checkpoint, scale the
   learning rate by `rollback_lr_factor` and skip the data that caused it; after `max_rollbacks` it stops. While
   the loss is non-finite or spiking the run is not `healthy`, and no checkpoint is saved. fp16 overflow steps
-  skipped by DeepSpeed's loss scaler are counted; more than `max_overflow_steps` in a row stop the run. With
-  `eval_steps`, a validation loss that stops improving scales the learning rate after `plateau_patience`
-  evaluations and ends the run after `early_stopping_patience` (both off by default).
+  skipped by DeepSpeed's loss scaler are counted, never judged as spikes nor kept as loss samples (the weights did
+  not move); more than `max_overflow_steps` in a row stop the run. With `eval_steps`, a validation loss that stops
+  improving scales the learning rate after `plateau_patience` evaluations and ends the run after
+  `early_stopping_patience` (both off by default).
 - Routing: while MoE load balance stays below `balance_threshold` for `balance_windows` logged windows, the
   aux-loss coefficient is multiplied by `aux_coef_factor` up to `aux_coef_max`, and lowered back toward the
   configured value once balance recovers; experts that stay dead are reported. MoD: with `mod_flops_target`,
@@ -212,7 +213,9 @@ class Controller:
 
     # stability
     def observe_step(self, report: StepReport) -> Verdict:
-        """After every optimizer step: fp16 overflows, non-finite losses and spikes."""
+        """After every optimizer step: fp16 overflows, non-finite losses and spikes. A step DeepSpeed skipped
+        (`overflow`) counts toward `max_overflow_steps`; with a finite loss it is not judged a spike and does not enter
+        the spike window."""
         self.overflow_run = self.overflow_run + 1 if report.overflow else 0
         if self.overflow_run > self.settings.max_overflow_steps:
             self._decide(report.step, {"overflow_steps_in_a_row": self.overflow_run}, "stop")
@@ -222,9 +225,11 @@ class Controller:
         self.nonfinite = 0 if math.isfinite(loss) else self.nonfinite + 1  # counted even with the rule off: health
         if not self.settings.spike:
             return CONTINUE
-        if self.nonfinite:
+        if self.nonfinite:  # skipped or not: NaN weights make every step overflow, and only a rollback mends them
             if self.nonfinite >= self.settings.nonfinite_steps:
                 return self._roll_back(report.step, {"non_finite_steps": self.nonfinite, "loss": str(loss)})
+            return CONTINUE
+        if report.overflow:  # skipped: the weights did not move, so its loss is neither a sample nor a spike to undo
             return CONTINUE
         window = self.losses[-self.settings.spike_window:]
         if len(window) >= self.settings.spike_window:

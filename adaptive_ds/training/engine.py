@@ -50,6 +50,12 @@ def apply_knobs(engine: deepspeed.DeepSpeedEngine, knobs: Knobs, base_lrs: list[
         group["lr"] = base * factor(scheduler.last_epoch)
 
 
+def loss_scale(engine: deepspeed.DeepSpeedEngine) -> float | None:
+    """The fp16 loss scale DeepSpeed holds now (dynamic scaling halves it on overflows, as the config's `hysteresis`
+    says, and doubles it after `loss_scale_window` steps without one); None without fp16, which scales nothing."""
+    return float(engine.optimizer.loss_scale) if engine.fp16_enabled() else None
+
+
 def discard_partial_step(engine: deepspeed.DeepSpeedEngine, micro_steps_before: int) -> None:
     """Forget the gradients of a step that failed part-way (out of memory in its third micro-batch, say), so
     that its retry starts from nothing: parameter gradients, ZeRO-1/2's per-step accumulation buffers and the

@@ -41,7 +41,7 @@ from . import final, startup
 from .arguments import ConfigError, parse
 from .checkpoint import Checkpointer
 from .controller import CONTINUE, Action, Controller, TrainingStopped, Verdict, controller_settings
-from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step
+from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step, loss_scale
 from .metrics import MetricsWriter, PhaseClock, peak_memory, plot_losses, write_summary
 from .metrics_processor import MetricsProcessor, StepResult
 from .moe_adapter import expert_parallel_group
@@ -317,10 +317,11 @@ class Trainer:
                 record.update(self.validator.run(self.engine, step, self.applied.micro_batch))
             verdict = self.controller.observe_validation(step, record["validation_loss"])
         if stopping or self.metrics.logs_at(step) or verdict.action is Action.STOP:
-            applied = self.applied
+            applied, scale = self.applied, loss_scale(self.engine)
             record.update(self.metrics.close_window(step, applied, {
                 "lr": self.engine.get_lr()[0], "micro_batch": applied.micro_batch,
                 "accumulation": applied.accumulation, "skipped_steps": self.engine.skipped_steps,
+                **({} if scale is None else {"loss_scale": scale}),
                 "failed_saves": self.checkpointer.failed_saves,
                 "failed_saves_total": self.checkpointer.failed_saves_total}))
         if record:

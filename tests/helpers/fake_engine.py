@@ -109,6 +109,9 @@ class FakeEngine:
     def was_step_applied(self) -> bool:
         return True
 
+    def fp16_enabled(self) -> bool:  # fp32: no loss scale in the records
+        return False
+
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 

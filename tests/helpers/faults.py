@@ -1,11 +1,11 @@
 """Real faults for tests, installed through the training loop's hooks (never in a production run).
 
 Each fault changes what the model really computes or what the process really has: a NaN written into a weight,
-a NaN gradient from a tensor hook in the middle of gradient accumulation, a weight scaled so the loss really
-spikes, an out-of-memory error raised where a micro-batch would be allocated, a cap on torch's CPU allocator
-under which large allocations really fail (capped_allocator.py), the process killed with SIGKILL before a step, or
-sent a signal (SIGTERM, SIGINT) before one. Each fault fires once: the run that a rollback takes back over the same
-step does not meet it again.
+a NaN gradient from a tensor hook in the middle of gradient accumulation, an infinite gradient (what an fp16
+overflow makes) in chosen steps, a weight scaled so the loss really spikes, an out-of-memory error raised where a
+micro-batch would be allocated, a cap on torch's CPU allocator under which large allocations really fail
+(capped_allocator.py), the process killed with SIGKILL before a step, or sent a signal (SIGTERM, SIGINT) before one.
+Each fault fires once: the run that a rollback takes back over the same step does not meet it again.
 
 Faults in a checkpoint's writes are installed for the run inside `with Faults(...) as faults:` and removed after it:
 a full disk at the saves of chosen steps (`full_disk_at_saves`: the checkpoint's first tensor file is written half
@@ -32,13 +32,14 @@ WRITES = (storage.MANIFEST, storage.RUN_STATE, storage.LATEST)  # what `storage.
 
 class Faults(TrainerHooks):
     def __init__(self, nan_weight_at_step: int | None = None, nan_grad_at: tuple[int, int] | None = None,
-                 spike_at_step: int | None = None, spike_factor: float = 30.0,
+                 inf_grad_at_steps: tuple[int, ...] = (), spike_at_step: int | None = None, spike_factor: float = 30.0,
                  oom_micro_batch_above: int | None = None, oom_from_step: int = 1, oom_at_micro_index: int = 0,
                  memory_cap_mb: float | None = None, kill_before_step: int | None = None,
                  signal_before_step: int | None = None, signal_number: int = signal.SIGTERM,
                  full_disk_at_saves: list[int] = (), write_fault: tuple[str, int, str] | None = None):
         self.nan_weight_at_step = nan_weight_at_step
         self.nan_grad_at = tuple(nan_grad_at) if nan_grad_at else None  # (step, micro-batch index)
+        self.inf_grad_at_steps = set(inf_grad_at_steps)  # in each step's first micro-batch
         self.spike_at_step, self.spike_factor = spike_at_step, spike_factor
         self.oom_micro_batch_above, self.oom_from_step = oom_micro_batch_above, oom_from_step
         self.oom_at_micro_index = oom_at_micro_index
@@ -128,16 +129,22 @@ class Faults(TrainerHooks):
             self._grad_hook.remove()
             self._grad_hook = None
         if self.nan_grad_at == (step, index) and ("nan_grad", step) not in self.fired:
-            weight = trainer.engine.module.lm_head.weight
-
-            def poison(grad):
-                grad = grad.clone()
-                grad[0, 0] = float("nan")
-                return grad
-
-            self._grad_hook = weight.register_hook(poison)
+            self._poison_gradient(trainer, float("nan"))
             self.fired.append(("nan_grad", step))
+        if step in self.inf_grad_at_steps and index == 0 and ("inf_grad", step) not in self.fired:
+            self._poison_gradient(trainer, float("inf"))
+            self.fired.append(("inf_grad", step))
         if (self.oom_micro_batch_above is not None and step >= self.oom_from_step
                 and index >= self.oom_at_micro_index and micro_batch > self.oom_micro_batch_above):
             self.fired.append(("oom", step))
             raise torch.OutOfMemoryError(f"injected out-of-memory at micro-batch {micro_batch}")
+
+    def _poison_gradient(self, trainer, value: float) -> None:
+        """The next backward's gradient of the LM head holds `value` in one element (a tensor hook, removed before
+        the next micro-batch)."""
+        def poison(grad):
+            grad = grad.clone()
+            grad[0, 0] = value
+            return grad
+
+        self._grad_hook = trainer.engine.module.lm_head.weight.register_hook(poison)

@@ -1,4 +1,5 @@
-"""`python -m adaptive_ds.tools.acceptance` without CUDA: a dry run of every stage at tiny sizes on CPU, so the GPU
+"""`python -m adaptive_ds.tools.acceptance` without CUDA: a dry run of every stage at tiny sizes on CPU, with the
+shipped configs' fp16, bf16 and optimizer offload wherever DeepSpeed's CPU accelerator runs them, so the GPU
 acceptance command cannot rot unseen; and one stage in a process of its own, as a CUDA machine runs each."""
 
 import json
@@ -6,9 +7,13 @@ import math
 import sys
 
 import pytest
+from deepspeed.accelerator import get_accelerator
+from helpers.shipped import shipped
 
 from adaptive_ds.tools import acceptance
 from adaptive_ds.tools.acceptance import DRY_RUN_CASES, STAGES, TARGETS
+
+ACCELERATOR = get_accelerator()
 
 
 @pytest.mark.slow
@@ -27,7 +32,15 @@ def test_the_acceptance_command_dry_runs_every_stage_on_cpu(tmp_path, run_comman
     assert [v["verdict"] for v in report["targets"]] == ["not measured (dry run)"] * len(TARGETS)
     assert "6 tests collected" in stages["gpu_tests"]["summary"]
     assert stages["b1_t4"]["steps"] == 3 and math.isfinite(stages["b1_t4"]["train_loss"])
-    assert stages["b1_t4"]["ds_config"]["zero_optimization"]["stage"] == 2  # b1_t4.json's, less the offload
+    # the shipped configs' precision, loss scaling and offload, wherever DeepSpeed's accelerator here runs them
+    b1_t4, b7 = shipped("b1_t4.json"), shipped("b7_a100_40gb_offload.json")
+    assert stages["b1_t4"]["ds_config"]["zero_optimization"] == b1_t4["zero_optimization"]  # ZeRO-2, CPU Adam
+    assert stages["b7"]["ds_config"]["zero_optimization"] == b7["zero_optimization"]
+    if ACCELERATOR.is_fp16_supported():
+        assert stages["b1_t4"]["ds_config"]["fp16"] == b1_t4["fp16"]
+        assert stages["b1_t4"]["loss_scale"] == 2.0 ** b1_t4["fp16"]["initial_scale_power"]  # it ran in fp16
+    if ACCELERATOR.is_bf16_supported():
+        assert stages["b7"]["ds_config"]["bf16"] == b7["bf16"] and stages["benchmark"]["precision"] == "bf16"
     assert list(stages["benchmark"]["results"]) == DRY_RUN_CASES
     assert stages["benchmark"]["results"]["dense_compile"]["graph_breaks"] == 0
     assert len(stages["b7"]["losses"]) == 2 == stages["b7"]["finite_loss_steps"]

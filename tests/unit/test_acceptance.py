@@ -228,3 +228,42 @@ def test_the_targets_are_the_rows_of_the_gpu_targets_table_in_benchmarks_md():
     section = text.split("## GPU targets", 1)[1].split("\n## ", 1)[0]
     rows = [line.split(" | ")[0].removeprefix("| ") for line in section.splitlines() if line.startswith("| ")]
     assert rows[0] == "target" and [t.name for t in TARGETS] == [row for row in rows[1:] if "grid" not in row]
+
+
+class _Accelerator:
+    """DeepSpeed's accelerator as a machine without half precisions or a working compiler reports itself (this
+    machine has both, so only a stand-in reaches the branch)."""
+
+    def device_name(self):
+        return "cpu"
+
+    def is_fp16_supported(self):
+        return False
+
+    def is_bf16_supported(self):
+        return False
+
+    def create_op_builder(self, name):
+        assert name == "CPUAdamBuilder"
+        return self
+
+    def load(self):
+        raise RuntimeError("Error building extension 'cpu_adam'")
+
+
+def test_a_dry_run_leaves_out_only_what_the_machine_cannot_run_and_says_why(monkeypatch, caplog):
+    import deepspeed.accelerator
+
+    written = json.loads((ROOT / "ds_configs" / "b1_t4.json").read_text())
+    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", _Accelerator)
+    config = acceptance._ds_config("b1_t4.json", dry=True)
+    assert "fp16" not in config and "offload_optimizer" not in config["zero_optimization"]
+    assert config["optimizer"]["params"]["torch_adam"] and config["zero_optimization"]["stage"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["dry run of b1_t4.json without fp16: DeepSpeed's cpu accelerator has no fp16 here",
+                        "dry run of b1_t4.json without the optimizer offload: DeepSpeed's CPU Adam does not build here "
+                        "(Error building extension 'cpu_adam')"]
+    # a GPU run takes the shipped file's sections as written (the dry run where the machine has them:
+    # tests/integration/test_acceptance.py)
+    kept = acceptance._ds_config("b1_t4.json", dry=False)
+    assert kept["fp16"] == written["fp16"] and kept["zero_optimization"] == written["zero_optimization"]

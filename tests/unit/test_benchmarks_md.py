@@ -50,6 +50,8 @@ def _render(key: str, report: dict) -> str:
         from adaptive_ds.tools.quickstart import markdown
     elif kind == "realsize":
         from adaptive_ds.tools.realsize import markdown
+    elif kind == "ops-build":
+        from adaptive_ds.tools.build_ops import markdown
     else:
         raise AssertionError(f"BENCHMARKS.md section {key}: no command renders a section of this kind")
     return markdown(report)

@@ -107,6 +107,24 @@ def test_fp16_overflow_steps_are_counted_and_bounded(tmp_path):
     assert _jsonl(tmp_path / "decisions.jsonl")[-1]["trigger"] == {"overflow_steps_in_a_row": 4}
 
 
+def test_a_skipped_step_is_counted_but_is_neither_a_spike_nor_a_loss_sample(tmp_path):
+    """DeepSpeed skipped the update (an fp16 overflow, which large gradients and often a large loss come with): the
+    weights did not move, so there is nothing to roll back and its loss says nothing of the weights the run keeps.
+    The same loss on a step that was applied is a spike."""
+    c = _controller(tmp_path, spike_window=3, spike_sigma=3.0)
+    for step, loss in enumerate([3.0, 3.1, 2.9], start=1):
+        c.observe_step(StepReport(step, loss))
+    for step in (4, 5):
+        assert c.observe_step(StepReport(step, 40.0, overflow=True)).action is Action.CONTINUE
+    assert c.losses == [3.0, 3.1, 2.9] and c.overflow_run == 2 and c.healthy and c.decisions == []
+    assert c.observe_step(StepReport(6, 40.0)).action is Action.ROLL_BACK and c.overflow_run == 0
+    # a non-finite loss is judged even on a skipped step: NaN weights make every step overflow, and only a rollback
+    # mends them
+    c = _controller(nonfinite_steps=2)
+    assert c.observe_step(StepReport(1, math.nan, overflow=True)).action is Action.CONTINUE and not c.healthy
+    assert c.observe_step(StepReport(2, math.nan, overflow=True)).action is Action.ROLL_BACK
+
+
 def test_the_aux_coefficient_rises_under_poor_balance_and_returns_to_the_configured_value():
     c = _controller(knobs=Knobs(8, 1, aux_coef=0.01), balance_threshold=0.8, balance_windows=2, aux_coef_max=0.04)
     coefs = []

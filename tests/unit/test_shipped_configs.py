@@ -63,7 +63,7 @@ def test_the_planner_and_the_acceptance_run_read_the_shipped_configs(tmp_path, m
     monkeypatch.chdir(tmp_path)
     plan.main(["--preset", "b1", "--gpu", "t4", "--ds_config", "b1_t4.json"])
     assert "b1 dense on 1 x t4" in capsys.readouterr().out
-    config = acceptance._ds_config("b1_t4.json", dry=True)
+    config = acceptance._ds_config("b1_t4.json", dry=False)
     assert config["gradient_accumulation_steps"] == 1 and config["zero_optimization"]["stage"] == 2
     assert "`b1_t4.json`" in plan.projections_markdown()  # every shipped GPU config, planned
     assert {need["config"] for need in data_benchmark.gpu_needs()} >= {"b1_t4.json", "b7_8gpu.json"}
