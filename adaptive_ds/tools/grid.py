@@ -25,9 +25,11 @@ across seeds (`spread`) of:
   the cost per 1B tokens at the device's $/hour (`adaptive_ds.hardware.DEVICES`, or --price);
 - routing: expert utilisation, load balance and dropped share (MoE), skip rate and FLOPs reduction (MoD);
 - against the baseline (dense): each quality figure's difference with its standard deviation, paired by seed
-  where both have two or more seeds in common (`difference`), the paired t-test's 95% confidence interval and
-  two-sided p-value, and a verdict: better or worse where that p, Holm-corrected over the table's comparisons,
-  is below 0.05, else a tie (tools/significance.py).
+  where both have two or more seeds in common (`difference`), and the mean's 95% confidence interval; for the
+  validation loss the paired t-test's two-sided p-value and a verdict: better or worse where that p,
+  Holm-corrected over the table's validation losses, is below 0.05, else a tie with the smallest difference its
+  seeds could have detected at 80% power (tools/significance.py). The train losses at equal budgets are
+  descriptive.
 
 It writes the report `grid_<preset>_<data>[_<name>].json` and loss-vs-FLOPs, -seconds and -tokens PNGs (mean over
 the seeds, band min..max) into --out, and prints the Markdown tables; the tables go into a Markdown file between
@@ -57,7 +59,7 @@ from ..markdown_sections import replace_section
 from ..presets import ARCHITECTURES, PRESETS, VARIANTS
 from .grid_runs import GridError, budgets, execute, load_run, run_row
 from .grid_spec import GridSpec, parse_variant
-from .grid_tables import BUDGETS, COMPARED, RUN_KEYS, aggregate, compare, markdown, plot
+from .grid_tables import BUDGETS, RUN_KEYS, aggregate, compare, markdown, plot
 from .report import check_markdown_path, check_name, section_stem, write_report
 from .significance import judge
 
@@ -74,14 +76,19 @@ def _device(price: float | None) -> tuple[str | None, float | None, float | None
 
 
 def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = None,
-             report_only: bool = False) -> dict:
+             report_only: bool = False, extend: dict | None = None) -> dict:
     """Train (or keep) every variant x seed of `spec`, then write the JSON report and the plots into `out_dir`;
     returns the report. Failed runs are listed in it; GridError when none finished. `report_only`: train nothing,
     report the runs that finished and list the others as not run. Run directories and logs are recorded relative to
-    `runs_dir`."""
+    `runs_dir`. `extend`: an earlier report of this grid (`check_extension`), whose rows are kept as they are (their
+    run directories need not exist) and whose budgets the new runs are read at: only the variant x seed pairs it
+    lacks train."""
+    earlier = {(r["variant"], r["seed"]) for r in extend["runs"]} if extend else set()
     finished, failed, not_run = [], [], []
     for variant in spec.variants:
         for seed in spec.seeds:
+            if (variant.name, seed) in earlier:
+                continue
             run_dir = spec.run_dir(runs_dir, variant, seed)
             kept = os.path.exists(os.path.join(run_dir, "summary.json"))
             if report_only and not kept:
@@ -95,10 +102,10 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
                 failed.append({**entry, **failure, "log": os.path.relpath(failure["log"], runs_dir)})
             else:
                 finished.append({**entry, "kept": kept, **load_run(run_dir)})
-    if not finished:
+    if not finished and not extend:
         raise GridError("no run finished; the first failure's log ends:\n" + failed[0]["log_tail"] if failed else
                         f"no run of this grid has finished in {runs_dir} (--report_only trains nothing)")
-    report = {**assemble(spec, finished, failed, *_device(price)), "not_run": not_run}
+    report = {**assemble(spec, finished, failed, *_device(price), extend=extend), "not_run": not_run}
     path = write_report(out_dir, spec.key, report)
     logger.info("grid: report %s", path)
     prefix = os.path.join(out_dir, section_stem(spec.key))
@@ -107,27 +114,64 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
     for r in finished:  # a continuation grid's figures show the continuations: a from-scratch curve starts elsewhere
         if r["variant"] not in scratch:
             curves.setdefault(r["variant"], []).append(r["curve"])
-    if curves:  # none when every continuation failed: the report and its tables still stand
-        plot(curves, report["entropy_floor"], prefix)
+    if curves and not extend:  # none when every continuation failed: the report and its tables still stand
+        plot(curves, report["entropy_floor"], prefix)  # (an extended report's earlier curves are not in it)
     return report
 
 
+# What must match between a grid and the earlier report it extends: the same runs but for their seeds.
+_EXTENSION_KEYS = ("preset", "data", "name", "tokens", "baseline", "variants", "ds_config", "init_from")
+
+
+def check_extension(spec: GridSpec, report: dict) -> None:
+    """ValueError unless `report` is an earlier report of `spec`'s grid (the same settings, seeds aside) whose seeds
+    --seeds includes: adding seeds must not change what the earlier runs were."""
+    ours = {"preset": spec.preset, "data": spec.data, "name": spec.name, "tokens": spec.tokens,
+            "baseline": spec.baseline, "ds_config": spec.ds_config, "init_from": spec.init_from,
+            "variants": {v.name: {"arch": v.arch, "model": v.model, "controller": v.controller}
+                         for v in spec.variants}}
+    differing = [key for key in _EXTENSION_KEYS if ours[key] != report.get(key)]
+    if differing:
+        raise ValueError(f"it is another grid: its {', '.join(differing)} differ from this command's")
+    if _without_seeds(spec.command()) != _without_seeds(report["command"]):
+        raise ValueError(f"its command differs beyond the seeds: {report['command']}")
+    missing = sorted(set(report["seeds"]) - set(spec.seeds))
+    if missing:
+        raise ValueError(f"--seeds leaves out its seeds {', '.join(map(str, missing))}; name them all")
+
+
+def _without_seeds(command: str) -> list[str]:
+    """A grid command's words from --preset on (the module moved once), without its seeds."""
+    words = shlex.split(command)
+    words = words[words.index("--preset"):] if "--preset" in words else words
+    start = words.index("--seeds") + 1 if "--seeds" in words else len(words)
+    end = next((i for i in range(start, len(words)) if words[i].startswith("--")), len(words))
+    return words[:start] + words[end:]
+
+
 def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str | None, peak_tflops: float | None,
-             price: float | None) -> dict:
+             price: float | None, extend: dict | None = None) -> dict:
     """The report of a grid: `finished` holds each finished run's name (RUN_KEYS) and `load_run` record,
-    `failed` each failure of `execute` with the variant and seed."""
+    `failed` each failure of `execute` with the variant and seed; `extend` an earlier report whose rows and budgets
+    it keeps (`run_grid`)."""
     # Equal-budget figures are read at what every run on the grid's own budget reached: a variant with a smaller
     # budget of its own (an iso-FLOP baseline) is compared by its validation loss, not by moving that point.
     # A from-scratch arm of a continuation grid is never read at them: its curve starts from random weights, the
     # continuations' from the base model; its validation loss compares.
     scratch = {v.name for v in spec.variants if spec.init_from is not None and v.scratch}
     own_budget = {v.name for v in spec.variants if v.tokens is not None} | scratch
-    at = budgets([r for r in finished if r["variant"] not in own_budget]
-                 or [r for r in finished if r["variant"] not in scratch] or finished)
+    at = extend["budgets"] if extend else budgets([r for r in finished if r["variant"] not in own_budget]
+                                                  or [r for r in finished if r["variant"] not in scratch] or finished)
     rows = [{**{k: r[k] for k in RUN_KEYS}, **run_row(r, at, peak_tflops, price)} for r in finished]
     for row in rows:
         if row["variant"] in scratch:
             row.update({f"train_loss_at_equal_{name}": None for name, _, _ in BUDGETS})
+    if extend:  # the earlier rows first, then the new seeds', in the grid's order
+        order = {(v.name, s): i for i, (v, s) in enumerate((v, s) for v in spec.variants for s in spec.seeds)}
+        rows = sorted([*extend["runs"], *rows], key=lambda r: order[(r["variant"], r["seed"])])
+        done = {(r["variant"], r["seed"]) for r in rows}
+        again = {(f["variant"], f["seed"]) for f in failed}
+        failed = [*[f for f in extend["failed"] if (f["variant"], f["seed"]) not in done | again], *failed]
     trained = {k: sorted({r["trained"][k] for r in rows}) for k in ("commit", "machine", "date")}
     floors = [r["entropy_floor"] for r in rows]
     names = [v.name for v in spec.variants if any(r["variant"] == v.name for r in rows)]
@@ -158,7 +202,7 @@ def compare_pairs(rows: list[dict], pairs: list[tuple[str, str]]) -> list[dict]:
             continue
         both = [r for r in rows if r["variant"] in (variant, baseline)]
         out.append({"variant": variant, "baseline": baseline, **compare(both, baseline)[variant]})
-    judge([p[m] for p in out if not p.get("missing") for m in COMPARED if p[m] is not None])
+    judge([p["validation_loss"] for p in out if not p.get("missing") and p["validation_loss"] is not None])
     return out
 
 
@@ -244,6 +288,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--restate", nargs="+", metavar="REPORT",
                    help="train nothing: work each grid report's comparisons out anew from its recorded runs with "
                         "this version's statistics, rewrite the report (and with --benchmarks_md its section)")
+    p.add_argument("--extend", metavar="REPORT",
+                   help="add seeds to this earlier report of the same grid (--seeds names its seeds and the new "
+                        "ones): only the new seeds train; its runs' rows and budgets are kept, and their run "
+                        "directories need not exist")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: report the runs that finished (a grid cut short), list the rest as not run")
     return p.parse_args(argv)
@@ -300,6 +348,19 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
     return found
 
 
+def _earlier_report(path: str, found: list[GridSpec]) -> dict:
+    """--extend's report, checked against the (one) grid it extends, before anything trains."""
+    if len(found) != 1:
+        raise SystemExit("error: --extend extends one grid: name one --preset")
+    try:
+        with open(path) as f:
+            report = json.load(f)
+        check_extension(found[0], report)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"error: --extend {path}: {error}") from None
+    return report
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -311,9 +372,11 @@ def main(argv: list[str] | None = None) -> None:
         return _restate_files(args.restate, args.benchmarks_md)
     out = args.out if args.out is not None else os.path.join(args.runs, "report")
     failed = []
-    for spec in specs(args):
+    found = specs(args)
+    extend = _earlier_report(args.extend, found) if args.extend else None
+    for spec in found:
         try:
-            report = run_grid(spec, out, args.runs, price=args.price, report_only=args.report_only)
+            report = run_grid(spec, out, args.runs, price=args.price, report_only=args.report_only, extend=extend)
         except GridError as error:
             raise SystemExit(f"error: {error}") from None
         text = markdown(report)

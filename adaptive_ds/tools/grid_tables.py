@@ -78,8 +78,9 @@ def _compared(row: dict, metric: str) -> float:
 
 
 def compare(rows: list[dict], baseline: str) -> dict:
-    """{variant: {figure: difference + verdict}} against the baseline variant's runs of the same seeds; the
-    verdicts are Holm-corrected over the whole table (every variant and figure)."""
+    """{variant: {figure: difference}} against the baseline variant's runs of the same seeds. The validation losses
+    carry a verdict, Holm-corrected over the table's validation losses (one family); the other figures (train
+    losses at equal budgets, the top-k routing loss) are descriptive: their differences and intervals, no verdict."""
     by_variant: dict[str, dict[int, dict]] = {}
     for r in rows:
         by_variant.setdefault(r["variant"], {})[r["seed"]] = r
@@ -96,7 +97,7 @@ def compare(rows: list[dict], baseline: str) -> dict:
             values, reference = ({s: v for s, r in side.items() if (v := _compared(r, metric)) is not None}
                                  for side in (runs, base))
             out[name][metric] = difference(values, reference) if values and reference else None
-    judge([d for row in out.values() for d in row.values() if d is not None])
+    judge([row["validation_loss"] for row in out.values() if row["validation_loss"] is not None])
     return out
 
 
@@ -156,21 +157,36 @@ def _cell(stat: dict | None, spec: str = ".4f", scale: float = 1.0, suffix: str 
     return text + (f" (n={stat['n']})" if stat["n"] < seeds else "")
 
 
-def _difference_cell(d: dict | None) -> str:
-    """difference ± sd [95% interval] p=... (Holm ...) verdict; a comparison without a test says why."""
+def _difference_cell(d: dict | None, judged: bool = True) -> str:
+    """difference ± sd [95% interval], and where `judged` p=... (Holm ...) and the verdict, a tie with the
+    difference its seeds could have detected; a comparison without a test says why."""
     if d is None:
         return "-"
     if d["sd"] is None:
-        return f"{d['difference']:+.4f} (one seed: no verdict)"
+        return f"{d['difference']:+.4f} (one seed" + (": no verdict)" if judged else ")")
     text = f"{d['difference']:+.4f} ± {d['sd']:.4f}"
     if d.get("p") is None:
-        return f"{text} (unpaired: no verdict)"
+        return f"{text} (unpaired" + (": no verdict)" if judged else ")")
     low, high = d["ci"]
-    return f"{text} [{low:+.4f}, {high:+.4f}] p={d['p']:.2g} (Holm {d['p_holm']:.2g}) {d['verdict']}"
+    text += f" [{low:+.4f}, {high:+.4f}]"
+    if not judged:
+        return text
+    text += f" p={d['p']:.2g} (Holm {d['p_holm']:.2g}) {d['verdict']}"
+    return text + (f", detectable {d['detectable']:.4f}" if d.get("detectable") is not None else "")
+
+
+def _difference_cells(c: dict) -> str:
+    """A comparison's cells: the validation loss judged, the other figures descriptive."""
+    return " | ".join(_difference_cell(c[m], judged=m == "validation_loss") for m in COMPARED)
 
 
 def _tests(cells: list[dict | None]) -> int:
     return sum(1 for d in cells if d is not None and d.get("p") is not None)
+
+
+_RULE = (f"'better' / 'worse' only in the validation loss, where its p, Holm-adjusted over the table's validation "
+         f"losses, is below {ALPHA}, else 'tie' with the smallest difference its seeds could have detected (80% "
+         "power, two-sided 5%, the observed sd); the other columns are descriptive, without a test")
 
 
 def _header(report: dict) -> list[str]:
@@ -229,16 +245,16 @@ def _comparison_table(report: dict) -> list[str]:
     comparisons = report["comparisons"]
     if not comparisons:
         return [f"No comparison: the baseline `{report['baseline']}` has no finished run."]
-    tests = _tests([d for c in comparisons.values() for d in c.values()])
+    tests = _tests([c["validation_loss"] for c in comparisons.values()])
     lines = [f"Against `{report['baseline']}` (variant - baseline, lower is better; paired by seed where two or more "
-             "seeds are shared: the mean ± the sd of the per-seed differences, the mean's 95% confidence interval "
-             "(Student's t, n - 1 degrees of freedom) and the paired t-test's two-sided p, Holm-adjusted over the "
-             f"table's {tests} tests; 'better' / 'worse' where the adjusted p < {ALPHA}, else 'tie'):", "",
+             "seeds are shared: the mean ± the sd of the per-seed differences and the mean's 95% confidence interval "
+             "(Student's t, n - 1 degrees of freedom); in the validation loss the paired t-test's two-sided p, "
+             f"Holm-adjusted over the table's {tests} tests; {_RULE}):", "",
              *_head(["validation loss", "top-k routing loss", "train loss at equal FLOPs", "at equal tokens",
                      "at equal seconds", "seeds"])]
     for name, c in comparisons.items():
         pairing = f"{c['validation_loss']['n']} paired" if c["validation_loss"]["paired"] else "unpaired"
-        lines.append(f"| {name} | " + " | ".join(_difference_cell(c[m]) for m in COMPARED) + f" | {pairing} |")
+        lines.append(f"| {name} | {_difference_cells(c)} | {pairing} |")
     return lines
 
 
@@ -246,8 +262,9 @@ def _pairs_table(report: dict) -> list[str]:
     pairs = report.get("pairs") or []
     if not pairs:
         return []
-    tests = _tests([p[m] for p in pairs if not p.get("missing") for m in COMPARED])
-    lines = ["", f"Each against its pair (variant - baseline, as above; Holm over this table's {tests} tests):", "",
+    tests = _tests([p["validation_loss"] for p in pairs if not p.get("missing")])
+    lines = ["", f"Each against its pair (variant - baseline, as above; Holm over this table's {tests} validation "
+                 "losses):", "",
              "| variant | baseline | validation loss | top-k routing loss | train loss at equal FLOPs "
              "| at equal tokens | at equal seconds | seeds |", "|---" * 8 + "|"]
     for p in pairs:
@@ -256,8 +273,7 @@ def _pairs_table(report: dict) -> list[str]:
                          + f" | no finished run of {', '.join(f'`{m}`' for m in p['missing'])} |")
             continue
         pairing = f"{p['validation_loss']['n']} paired" if p["validation_loss"]["paired"] else "unpaired"
-        lines.append(f"| {p['variant']} | {p['baseline']} | " + " | ".join(_difference_cell(p[m]) for m in COMPARED)
-                     + f" | {pairing} |")
+        lines.append(f"| {p['variant']} | {p['baseline']} | {_difference_cells(p)} | {pairing} |")
     return lines
 
 

@@ -1,54 +1,32 @@
-"""The grid's significance tests: a paired t-test over seeds and Holm's correction over a table's comparisons.
+"""The grid's significance tests: a paired t-test over seeds, Holm's correction over a table's comparisons, and the
+smallest difference a tie's seeds could have detected.
 
-Student's t distribution is computed in closed form for integer degrees of freedom (Abramowitz and Stegun 26.7.3
-and 26.7.4), which is all a paired test over n seeds needs (n - 1 degrees of freedom), so no statistics library is
-required; its quantile (the 95% interval's half-width) is the distribution function inverted by bisection.
+Student's t and the noncentral t come from scipy.stats; Holm's step-down procedure is a sort and a running maximum,
+written here (scipy has none).
 """
 
 from __future__ import annotations
 
 import math
 
+from scipy import optimize, stats
+
 ALPHA = 0.05  # the test's level, after Holm's correction
+POWER = 0.8  # the power at which a tie states the difference its seeds could have detected
 
 
 def t_two_sided_p(t: float, df: int) -> float:
     """P(|T| >= |t|) for Student's t with `df` (>= 1, integer) degrees of freedom."""
     if df < 1 or int(df) != df:
         raise ValueError(f"degrees of freedom must be a positive integer, got {df}")
-    if math.isinf(t):
-        return 0.0
-    theta = math.atan(abs(t) / math.sqrt(df))
-    c2, s = math.cos(theta) ** 2, math.sin(theta)
-    if df % 2:  # odd: A = 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...)), df - 3 over 2 terms
-        term = total = 1.0 if df > 1 else 0.0
-        for k in range(1, (df - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        inside = 2 / math.pi * (theta + s * math.cos(theta) * total)
-    else:  # even: A = sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...), df / 2 terms
-        term = total = 1.0
-        for k in range(1, df // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        inside = s * total
-    return min(1.0, max(0.0, 1.0 - inside))
+    return float(min(1.0, 2 * stats.t.sf(abs(t), df)))
 
 
 def t_quantile(p: float, df: int) -> float:
     """The t with P(T <= t) = p (0.5 <= p < 1): e.g. 0.975 gives a two-sided 95% interval's multiplier."""
     if not 0.5 <= p < 1:
         raise ValueError(f"p must be in [0.5, 1), got {p}")
-    tail = 2 * (1 - p)  # the two-sided p-value at that t
-    lo, hi = 0.0, 1.0
-    while t_two_sided_p(hi, df) > tail:
-        lo, hi = hi, 2 * hi
-    for _ in range(200):  # bisection to float resolution
-        mid = (lo + hi) / 2
-        if mid in (lo, hi):
-            break
-        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > tail else (lo, mid)
-    return (lo + hi) / 2
+    return float(stats.t.ppf(p, df))
 
 
 def paired_t(mean: float, sd: float, n: int) -> dict:
@@ -66,6 +44,32 @@ def paired_t(mean: float, sd: float, n: int) -> dict:
     return {"t": t if math.isfinite(t) else None, "p": t_two_sided_p(t, n - 1), "ci": [mean - half, mean + half]}
 
 
+def paired_power(difference: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """The chance that a two-sided paired t-test at level `alpha` over n seeds rejects when the true mean difference
+    is `difference` and the per-seed differences' standard deviation is `sd` (the noncentral t, noncentrality
+    difference / (sd / sqrt(n)))."""
+    df = n - 1
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    noncentrality = abs(difference) / (sd / math.sqrt(n))
+    # the lower tail as the upper tail of the mirrored distribution: scipy's far-left cdf can come out NaN
+    return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.sf(critical, df, -noncentrality))
+
+
+def detectable_difference(sd: float | None, n: int, power: float = POWER, alpha: float = ALPHA) -> float | None:
+    """The smallest true mean difference that a two-sided paired t-test at level `alpha` over n seeds detects with
+    probability `power`, taking the observed sd of the per-seed differences as the true one; None without a spread
+    (fewer than two seeds) and 0 where the differences did not vary."""
+    if sd is None or n < 2 or math.isnan(sd):
+        return None
+    if sd == 0:
+        return 0.0
+    se = sd / math.sqrt(n)
+    high = se
+    while paired_power(high, sd, n, alpha) < power:
+        high *= 2
+    return float(optimize.brentq(lambda d: paired_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * high))
+
+
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the given order: the i-th smallest times (m - i + 1), made
     non-decreasing along the sorted order and capped at 1. Rejecting where the adjusted p < alpha keeps the
@@ -80,13 +84,15 @@ def holm(p_values: list[float]) -> list[float]:
 
 
 def judge(comparisons: list[dict]) -> None:
-    """Set each comparison's `p_holm` (Holm over those of the list with a p-value: one table's) and `verdict`:
-    for a loss (lower is better) 'better' or 'worse' where the adjusted p < ALPHA, else 'tie'; None without a
-    test (fewer than two seeds paired)."""
+    """Set each comparison's `p_holm` (Holm over those of the list with a p-value: one table's validation losses)
+    and `verdict`: for a loss (lower is better) 'better' or 'worse' where the adjusted p < ALPHA, else 'tie', with
+    the difference its seeds could have detected (`detectable`, at 80% power and the unadjusted 5% level); None
+    without a test (fewer than two seeds paired)."""
     tested = [c for c in comparisons if c.get("p") is not None]
     for c, adjusted in zip(tested, holm([c["p"] for c in tested]), strict=True):
         c["p_holm"] = adjusted
         c["verdict"] = "tie" if adjusted >= ALPHA else ("better" if c["difference"] < 0 else "worse")
+        c["detectable"] = detectable_difference(c.get("sd"), c.get("n", 0)) if c["verdict"] == "tie" else None
     for c in comparisons:
         if c.get("p") is None:
-            c.update(p_holm=None, verdict=None)
+            c.update(p_holm=None, verdict=None, detectable=None)

@@ -66,6 +66,23 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path, t
     assert [r["variant"] for r in cut["runs"]] == ["mod"] and cut["not_run"] == [{"variant": "dense", "seed": 1}]
     assert not os.path.exists(spec.run_dir(runs, parse_variant("dense"), 1)) and cut["failed"] == []
     assert "Not run (reported with `--report_only`, the grid cut short): `dense` seed 1." in markdown(cut)
+    # --extend: seed 2 added to the published one-seed report, whose run directory is gone (moved away)
+    published = tmp_path / "out" / "grid_debug_embedded.json"
+    published.write_text(json.dumps(report))
+    os.rename(runs, str(tmp_path / "elsewhere"))
+    common = ["--variants", "mod", "--tokens", "4096", "--ds_config", config, "--warmup_steps", "5", "--price",
+              "0.5", "--out", out, "--runs", runs, "--extend", str(published)]
+    with pytest.raises(SystemExit, match=r"--extend .*grid_debug_embedded.json: --seeds leaves out its seeds 1"):
+        main([*common, "--seeds", "2"])
+    with pytest.raises(SystemExit, match=r"--extend .*: it is another grid: its tokens differ"):
+        main([*common[:2], "--tokens", "8192", *common[4:], "--seeds", "1", "2"])
+    main([*common, "--seeds", "1", "2"])
+    extended = json.loads(published.read_text())
+    assert [(r["variant"], r["seed"]) for r in extended["runs"]] == [("mod", 1), ("mod", 2)]
+    assert extended["runs"][0] == report["runs"][0] and extended["budgets"] == report["budgets"]
+    assert extended["seeds"] == [1, 2] and "--seeds 1 2" in extended["command"]
+    assert extended["results"]["mod"]["validation_loss"]["n"] == 2
+    assert not os.path.exists(os.path.join(runs, row["run_dir"]))  # seed 1 was not trained again
 
 
 @pytest.mark.slow  # three tiny training runs: a base run, then its continuation as dense and as upcycled MoE

@@ -115,23 +115,23 @@ def test_report_tables_and_figures_from_synthetic_runs(tmp_path):
     assert mod["validation_loss"]["n"] == 2 and mod["skip_rate"]["mean"] == 0.5 and dense["skip_rate"] is None
     assert report["results"]["moe"]["validation_loss"]["sd"] is None
     c = report["comparisons"]["mod"]
-    # two seeds paired, so t on 1 df: p = 1 - 2 atan(|t|) / pi, Holm over the table's 5 tests (moe has one seed)
-    # validation: -0.05, -0.02 -> -0.035 +- 0.021213, t = -2.3333, p = 0.25776
+    # two seeds paired, so t on 1 df: p = 1 - 2 atan(|t|) / pi. The verdicts are the validation losses' alone, Holm
+    # over the table's one test (moe has one seed): validation -0.05, -0.02 -> -0.035 +- 0.021213, t = -2.3333,
+    # p = 0.25776, a tie
     assert c["validation_loss"]["paired"] and c["validation_loss"]["difference"] == pytest.approx(-0.035)
     assert c["validation_loss"]["sd"] == pytest.approx(0.0212132) and c["validation_loss"]["p"] == pytest.approx(
         0.25776, abs=1e-5)
+    assert c["validation_loss"]["p_holm"] == pytest.approx(0.25776, abs=1e-5)
+    assert c["validation_loss"]["verdict"] == "tie" and c["validation_loss"]["detectable"] > 0.035
     # top-k routing against dense's only validation loss: -0.10, -0.14 -> -0.12 +- 0.028284, t = -6, p = 0.10514
     assert c["topk_routing_loss"]["difference"] == pytest.approx(-0.12)
     assert c["topk_routing_loss"]["p"] == pytest.approx(0.10514, abs=1e-5)
-    # equal FLOPs (1.5e12): mod 1.8, dense 2.5 and 2.6 -> -0.75 +- 0.070711, t = -15, p = 0.042379: below 5% alone,
-    # 4 x 0.042379 = 0.16952 after Holm (the second smallest of 5): a tie; its interval -0.75 -+ 12.706 x 0.05
+    # equal FLOPs (1.5e12): mod 1.8, dense 2.5 and 2.6 -> -0.75 +- 0.070711, t = -15, p = 0.042379, below 5%: yet
+    # descriptive, no verdict (train losses are not judged); its interval -0.75 -+ 12.706 x 0.05
     flops = c["train_loss_at_equal_flops"]
     assert flops["difference"] == pytest.approx(-0.75) and flops["p"] == pytest.approx(0.042379, abs=1e-6)
-    assert flops["p_holm"] == pytest.approx(0.16952, abs=1e-5) and flops["verdict"] == "tie"
+    assert "verdict" not in flops and "p_holm" not in flops
     assert flops["ci"] == pytest.approx([-1.38531, -0.11469], abs=1e-5)
-    # the largest three p's share 3 x 0.10514, Holm's step-down keeping them from falling below it
-    assert [c[m]["p_holm"] for m in ("validation_loss", "topk_routing_loss", "train_loss_at_equal_tokens")] == \
-        pytest.approx([0.31541] * 3, abs=1e-5)
     assert report["comparisons"]["moe"]["validation_loss"]["verdict"] is None  # one seed
     text = markdown(report)
     assert "`python -m adaptive_ds.tools.grid --preset debug --tokens 2000 --ds_config ds.json --data embedded:hard " \
@@ -143,12 +143,10 @@ def test_report_tables_and_figures_from_synthetic_runs(tmp_path):
     assert quality["mod"][1] == "2.0150 ± 0.0919 (n=2)" and quality["mod"][5] == "1.8000 ± 0.0000 (n=2)"
     assert quality["moe"][1] == "2.0500 (n=1)" and quality["dense"][4] == "-"
     versus = _table(text, "variant | validation loss")
-    assert versus["mod"] == ["-0.0350 ± 0.0212 [-0.2256, +0.1556] p=0.26 (Holm 0.32) tie",
-                             "-0.1200 ± 0.0283 [-0.3741, +0.1341] p=0.11 (Holm 0.32) tie",
-                             "-0.7500 ± 0.0707 [-1.3853, -0.1147] p=0.042 (Holm 0.17) tie",
-                             "-0.2500 ± 0.0707 [-0.8853, +0.3853] p=0.13 (Holm 0.32) tie",
-                             "-1.0000 ± 0.0707 [-1.6353, -0.3647] p=0.032 (Holm 0.16) tie", "2 paired"]
-    assert "Holm-adjusted over the table's 5 tests; 'better' / 'worse' where the adjusted p < 0.05" in text
+    assert versus["mod"] == ["-0.0350 ± 0.0212 [-0.2256, +0.1556] p=0.26 (Holm 0.26) tie, detectable 0.2450",
+                             "-0.1200 ± 0.0283 [-0.3741, +0.1341]", "-0.7500 ± 0.0707 [-1.3853, -0.1147]",
+                             "-0.2500 ± 0.0707 [-0.8853, +0.3853]", "-1.0000 ± 0.0707 [-1.6353, -0.3647]", "2 paired"]
+    assert "Holm-adjusted over the table's 1 tests; 'better' / 'worse' only in the validation loss" in text
     assert versus["moe"][0] == "-0.0500 (one seed: no verdict)" and versus["moe"][-1] == "unpaired"
     # moe's first logged step already spent more than the equal-FLOPs budget: no figure rather than a clamped one
     assert quality["moe"][5] == "-" and versus["moe"][2] == "-" and quality["moe"][6] == "1.9000 (n=1)"
@@ -301,15 +299,15 @@ def test_restate_works_a_reports_verdicts_out_anew_from_its_runs(tmp_path, capsy
     report = assemble(spec, finished, failed, gpu=None, peak_tflops=None, price=0.5)
     old = json.loads(json.dumps(report))
     for cell in old["comparisons"]["mod"].values():
-        for key in ("t", "p", "ci", "p_holm"):
-            del cell[key]
+        for key in ("t", "p", "ci", "p_holm", "detectable"):
+            cell.pop(key, None)
         cell["verdict"] = "better"
     path, md = tmp_path / "grid_debug_embedded-hard.json", tmp_path / "B.md"
     path.write_text(json.dumps(old))
     main(["--restate", str(path), "--benchmarks_md", str(md)])
     restated = json.loads(path.read_text())
     assert restated == json.loads(json.dumps(report))
-    assert "[-1.3853, -0.1147] p=0.042 (Holm 0.17) tie" in md.read_text()
+    assert "[-0.2256, +0.1556] p=0.26 (Holm 0.26) tie, detectable 0.2450" in md.read_text()
     assert "<!-- grid:debug:embedded-hard -->" in md.read_text()
     (tmp_path / "bad.json").write_text('{"runs": []}')
     with pytest.raises(SystemExit, match=r"error: --restate .*bad.json: not a grid report"):
@@ -503,12 +501,12 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
         assert [row[f"train_loss_at_equal_{b}"] for b in ("flops", "tokens", "seconds")] == [None] * 3
     pair, missing = report["pairs"]
     # moe - scratch: -0.40, -0.30 -> -0.35 +- 0.070711, t = -7 on 1 df, p = 1 - 2 atan(7) / pi = 0.090334; the
-    # pairs' table holds 2 tests (validation and top-k routing, the same figures here): Holm 0.18067, a tie
+    # pairs' table holds 1 test (its validation losses; the top-k routing loss is descriptive): a tie
     assert pair["variant"] == "moe" and pair["baseline"] == scratch.name
     assert pair["validation_loss"]["difference"] == pytest.approx(-0.35)
     assert pair["validation_loss"]["sd"] == pytest.approx(0.0707107)
     assert pair["validation_loss"]["p"] == pytest.approx(0.090334, abs=1e-6)
-    assert pair["validation_loss"]["p_holm"] == pytest.approx(0.18067, abs=1e-5)
+    assert pair["validation_loss"]["p_holm"] == pytest.approx(0.090334, abs=1e-6)
     assert pair["validation_loss"]["verdict"] == "tie"
     assert pair["train_loss_at_equal_flops"] is None  # the scratch arm has no figure at the continuations' budget
     assert missing == {"variant": cheaper.name, "baseline": "hybrid", "missing": ["hybrid"]}
@@ -522,9 +520,10 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
     text = markdown(report)
     assert "A continuation grid: each run starts from `runs/base/" in text
     pairs = _table(text, "variant | baseline")
-    cell = "-0.3500 ± 0.0707 [-0.9853, +0.2853] p=0.09 (Holm 0.18) tie"
-    assert pairs["moe"] == [scratch.name, cell, cell, "-", "-", "-", "2 paired"]
-    assert "Each against its pair (variant - baseline, as above; Holm over this table's 2 tests)" in text
+    cell = "-0.3500 ± 0.0707 [-0.9853, +0.2853]"
+    assert pairs["moe"] == [scratch.name, cell + " p=0.09 (Holm 0.09) tie, detectable 0.8167", cell, "-", "-", "-",
+                            "2 paired"]
+    assert "Each against its pair (variant - baseline, as above; Holm over this table's 1 validation losses)" in text
     assert pairs[cheaper.name][-1] == "no finished run of `hybrid`"
 
 
