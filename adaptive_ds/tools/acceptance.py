@@ -12,7 +12,8 @@ included), in this order:
   on the embedded corpus, with gradient accumulation 1 (the config's 64 would make every step 64 micro-batches long
   for the same figure: the peak is the micro-batch's, whatever the accumulation): peak allocated and reserved
   beside the planner's peak.
-- benchmark: `adaptive_ds.tools.benchmark` at debug_200m in bf16, every case interleaved in one process.
+- benchmark: `adaptive_ds.tools.benchmark` at debug_200m in bf16, every case in one process: 5 rounds, each every
+  case back to back, after a warm-up round like them; its ratios paired within the rounds.
 - b7: b7 dense for three optimizer steps on the one GPU, with ZeRO-2 and the optimizer offloaded to CPU as
   `ds_configs/b7_a100_40gb_offload.json` says (the planner: its optimizer states do not fit beside the weights on
   the GPU; their host memory is b7's CPU RAM in BENCHMARKS.md, `plan:projections`), on random tokens through the
@@ -72,7 +73,7 @@ GIB = 2**30
 STAGES = ("gpu_tests", "b1_t4", "benchmark", "b7")
 # Wall-clock limits per stage on the GPU machine (guards: a hung stage ends and the others still run) and in a dry
 # run.
-TIMEOUT_S = {"gpu_tests": 300, "b1_t4": 180, "benchmark": 360, "b7": 300}
+TIMEOUT_S = {"gpu_tests": 300, "b1_t4": 180, "benchmark": 600, "b7": 300}
 DRY_TIMEOUT_S = 300  # generous: killing a stage while it builds a DeepSpeed op leaves a stale build lock
 DRY_RUN_CASES = ["dense", "dense_compile", "moe", "mod"]
 B1_T4_CAP_GIB = 15  # a T4's memory, as CUDA shows it
@@ -222,7 +223,7 @@ def stage_benchmark(dry: bool, workdir: Path, micro_batch: int = 8) -> dict:
         report["ok"] = set(report["results"]) == set(DRY_RUN_CASES)
         return report
     else:
-        report = run_benchmark("debug_200m", steps=5, rounds=2, warmup=2, micro_batch=micro_batch,
+        report = run_benchmark("debug_200m", steps=5, rounds=5, warmup=None, micro_batch=micro_batch,
                                precision="bf16", cases=list(CASES))
     report["ok"] = set(report["results"]) == set(CASES)
     return report

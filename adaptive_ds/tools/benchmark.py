@@ -1,20 +1,23 @@
 """Side-by-side training throughput of the architectures at one preset, through the DeepSpeed engine.
 
-    python -m adaptive_ds.tools.benchmark --preset debug --steps 20 --rounds 3
+    python -m adaptive_ds.tools.benchmark --preset debug --steps 20 --rounds 5
+    python -m adaptive_ds.tools.benchmark --restate benchmarks/throughput_debug_cpu.json --benchmarks_md BENCHMARKS.md
     python -m adaptive_ds.tools.benchmark --memory --preset debug_200m --cases dense --micro_batch 1
     python -m adaptive_ds.tools.benchmark --generate --cases dense mod hybrid --micro_batch 1 --trained mod=RUN/final
 
-Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in
-interleaved rounds in one process, so drift in the machine's speed hits them alike; the reported tokens/s is
-the median over rounds. Cases: dense; moe (our index-based dispatch); moe_deepspeed (DeepSpeed's stock MoE
-dispatch on the same model and routing, the baseline); mod and hybrid at MoD capacity 0.5 in every block (what the
-GPU targets name); mod_paper (12.5% in every other block, mod's default); and what a user would pick instead, under
-the same DeepSpeed engine: transformers' LlamaForCausalLM (hf_llama) and MixtralForCausalLM (hf_mixtral),
-built from the dense and MoE models' own weights, and HF Llama compiled (hf_llama_compile: `torch.compile`
-through DeepSpeed's `engine.compile()`, inductor), beside ours compiled the same way (dense_compile); the
-compiled cases' warm-up rounds absorb the compilation, and each compiled case reports its graph breaks and the
-graphs compiled after warm-up (recompilations; 0 when the shapes settle). MFU counts the FLOPs of the tokens
-actually routed (`adaptive_ds.flops`) against the GPU's dense peak; on a CPU, where no peak is defined,
+Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in rounds in
+one process, each round every case back to back for --steps optimizer steps, after a warm-up round like them that is
+not counted (allocator, kernels, JIT, compilation). A case's tokens/s is the median over the rounds; a ratio of two
+cases is paired: case a's tokens/s over case b's within each round (both measured close together, under the same
+load), the median of those per-round ratios reported with their min and max. Cases: dense; moe (our index-based
+dispatch); moe_deepspeed (DeepSpeed's stock MoE dispatch on the same model and routing, the baseline); mod and
+hybrid at MoD capacity 0.5 in every block (what the GPU targets name); mod_paper (12.5% in every other block, mod's
+default); and what a user would pick instead, under the same DeepSpeed engine: transformers' LlamaForCausalLM
+(hf_llama) and MixtralForCausalLM (hf_mixtral), built from the dense and MoE models' own weights, and HF Llama
+compiled (hf_llama_compile: `torch.compile` through DeepSpeed's `engine.compile()`, inductor), beside ours compiled
+the same way (dense_compile); the warm-up round absorbs the compilation, and each compiled case reports its graph
+breaks and the graphs compiled after warm-up (recompilations; 0 when the shapes settle). MFU counts the FLOPs of the
+tokens actually routed (`adaptive_ds.flops`) against the GPU's dense peak; on a CPU, where no peak is defined,
 achieved TFLOP/s is reported instead.
 
 `--generate` measures inference instead: `generate()` tokens/s of each case at equal length (the same prompts,
@@ -26,7 +29,9 @@ Each measurement writes its JSON report into --out (default `runs/benchmark`), n
 (`throughput_<preset>_<cpu|gpu>.json`, `generate_<preset>_<cpu|gpu>_batch<N>.json`), and prints its table; the
 section goes into a Markdown file only when --benchmarks_md names one. Nothing a user runs writes into the
 repository's committed results unless asked: publishing is `--out benchmarks --benchmarks_md BENCHMARKS.md`, and
-each section is rendered from its report alone.
+each section is rendered from its report alone, labelled "stale since <commit>" once the code it measured has changed
+(`adaptive_ds.tools.staleness`). `--restate REPORT ...` works a throughput report's ratios out anew from its recorded
+rounds, without measuring, and rewrites it (and its section where --benchmarks_md says).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import resource
 import shlex
 import statistics
@@ -50,7 +56,6 @@ from ..data import build_training_data
 from ..export.convert import load_any
 from ..flops import training_flops_per_token
 from ..hardware import DEVICES, detect_device
-from ..markdown_sections import replace_section
 from ..models import AdaptiveDSForCausalLM
 from ..models.families.llama import to_llama
 from ..models.families.mixtral import to_mixtral
@@ -58,6 +63,7 @@ from ..presets import PRESETS, VARIANTS, model_config
 from ..training import moe_adapter
 from ..training.optim import parameter_groups
 from .report import check_markdown_path, commit, machine, write_report
+from .staleness import write_labelled_section
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +94,8 @@ CASES = {
 # our models: generate() needs no conversion, and --memory measures them beside the planner
 GENERATION_CASES = ("dense", "moe", "mod", "mod_paper", "hybrid")
 RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("mod_paper", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
-          ("dense", "hf_llama_compile"), ("dense_compile", "hf_llama_compile"), ("moe", "hf_mixtral"))
+          ("dense", "hf_llama_compile"), ("dense_compile", "hf_llama_compile"), ("dense_compile", "dense"),
+          ("hf_llama_compile", "hf_llama"), ("moe", "hf_mixtral"))
 
 
 def _ds_config(micro_batch: int, precision: str) -> dict:
@@ -124,11 +131,13 @@ class Case:
                                                config=_ds_config(micro_batch, precision))
         if name.endswith("_compile"):
             self.engine.compile(backend=compile_backend)
-        self.rates: list[float] = []
+        self.rates: list[float] = []  # tokens/s of each counted round
+        self.warmup_rate: float | None = None  # tokens/s of the warm-up round, not counted
         self.compiles: list[tuple[int, int]] = []  # (graph breaks, graphs compiled) during each run: warm-up first
         self.routed: list[float] = []
 
-    def run(self, batches, steps: int) -> None:
+    def run(self, batches, steps: int) -> float:
+        """`steps` optimizer steps; their tokens/s."""
         tokens = 0
         sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
         sync()
@@ -143,50 +152,66 @@ class Case:
             if getattr(out, "mod_routing", None):
                 self.routed = [float(r.routed.float().mean()) for r in out.mod_routing]
         sync()
-        self.rates.append(tokens / (time.perf_counter() - start))
+        rate = tokens / (time.perf_counter() - start)
         after = dynamo_counts()
         self.compiles.append((after[0] - before[0], after[1] - before[1]))
+        return rate
 
     def result(self, seq_len: int, peak_tflops: float | None) -> dict:
         tokens_per_s = statistics.median(self.rates)
         flops = training_flops_per_token(self.config, seq_len, self.routed or None)
         achieved = tokens_per_s * flops / 1e12
         compiled = self.engine.is_compiled
-        return {"tokens_per_s": tokens_per_s, "rounds": self.rates, "flops_per_token": flops,
-                "compiled": compiled,
+        return {"tokens_per_s": tokens_per_s, "rounds": self.rates, "warmup_tokens_per_s": self.warmup_rate,
+                "flops_per_token": flops, "compiled": compiled,
                 "graph_breaks": sum(b for b, _ in self.compiles) if compiled else None,
                 "recompiles_after_warmup": sum(g for _, g in self.compiles[1:]) if compiled else None,
                 "achieved_tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None}
 
 
-def run_benchmark(preset: str, steps: int, rounds: int, warmup: int, micro_batch: int, precision: str,
+def paired_ratios(results: dict, pairs) -> dict[str, list[float]]:
+    """Each pair's per-round ratios ("a/b": case a's tokens/s over case b's in each round) of the cases in `results`:
+    round r of one case and round r of another ran back to back, under the same load."""
+    return {f"{a}/{b}": [x / y for x, y in zip(results[a]["rounds"], results[b]["rounds"], strict=True)]
+            for a, b in pairs if a in results and b in results}
+
+
+def restate(report: dict) -> dict:
+    """A throughput report with its ratios worked out anew from its recorded rounds by this version (`ratios`: the
+    median of each pair's per-round ratios, `ratio_rounds`: those per-round ratios); nothing else changes."""
+    rounds = paired_ratios(report["results"], RATIOS)
+    return {**report, "ratios": {name: statistics.median(values) for name, values in rounds.items()},
+            "ratio_rounds": rounds}
+
+
+def run_benchmark(preset: str, steps: int, rounds: int, warmup: int | None, micro_batch: int, precision: str,
                   cases: list[str], seed: int = 0, compile_backend: str = "inductor") -> dict:
-    """`compile_backend`: torch.compile's backend for the compiled cases ("eager" traces without code generation,
-    for a quick check of the graphs)."""
+    """`rounds` counted rounds of `steps` optimizer steps per case, after a warm-up round of `warmup` steps per case
+    (None: `steps`, a round like the others). `compile_backend`: torch.compile's backend for the compiled cases
+    ("eager" traces without code generation, for a quick check of the graphs)."""
+    warmup = steps if warmup is None else warmup
     distributed.init_distributed()
     seq_len = PRESETS[preset].seq_len
     data = build_training_data("embedded", seq_len, seed)
     built = [Case(name, preset, len(data.tokenizer), micro_batch, precision, seed, compile_backend) for name in cases]
     batches = data.step_batches(0, micro_batch)
-    for case in built:  # warm-up: allocator, kernels, JIT, compilation
-        case.run(batches, warmup)
-        case.rates.clear()
+    for case in built:  # the warm-up round: allocator, kernels, JIT, compilation
+        case.warmup_rate = case.run(batches, warmup)
     for _ in range(rounds):
         for case in built:
-            case.run(batches, steps)
+            case.rates.append(case.run(batches, steps))
     device = detect_device()
     peak = DEVICES[device].peak_tflops if device else None  # a CPU has no agreed peak; nor has an unknown GPU
     results = {case.name: case.result(seq_len, peak) for case in built}
-    ratios = {f"{a}/{b}": results[a]["tokens_per_s"] / results[b]["tokens_per_s"]
-              for a, b in RATIOS if a in results and b in results}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
-    return {"preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
-            "command": f"python -m adaptive_ds.tools.benchmark --preset {preset} --steps {steps} --rounds {rounds} "
-                       f"--warmup {warmup} --micro_batch {micro_batch} --precision {precision}"
-                       + ("" if list(cases) == list(CASES) else " --cases " + " ".join(cases)),
-            "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision,
-            "steps_per_round": steps, "rounds": rounds, "device": device, "peak_tflops": peak,
-            "torch": torch.__version__, "deepspeed": deepspeed.__version__, "results": results, "ratios": ratios}
+    return restate({
+        "preset": preset, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
+        "command": f"python -m adaptive_ds.tools.benchmark --preset {preset} --steps {steps} --rounds {rounds} "
+                   f"--warmup {warmup} --micro_batch {micro_batch} --precision {precision}"
+                   + ("" if list(cases) == list(CASES) else " --cases " + " ".join(cases)),
+        "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision, "steps_per_round": steps,
+        "rounds": rounds, "warmup_steps": warmup, "device": device, "peak_tflops": peak, "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__, "results": results})
 
 
 def forget_peak_rss() -> None:
@@ -277,7 +302,8 @@ def _generation_model(preset: str, name: str, folder: str | None, vocab_size: in
 def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: int, new_tokens: int, rounds: int,
                        precision: str = "fp32", seed: int = 0, trained: dict[str, str] | None = None) -> dict:
     """generate() tokens/s of each case: `batch` held-out prompts of `prompt_len` tokens, `new_tokens` greedy
-    tokens each (no early stop), with the KV cache; median over interleaved rounds after one warm-up each.
+    tokens each (no early stop), with the KV cache; median over the rounds, each every case back to back, after a
+    warm-up round; each case's ratio to dense paired (`paired_ratios`).
 
     `trained`: case -> a trained model folder (save_pretrained / final) used instead of random weights. Each case
     also reports the share of tokens each MoD block ran on in its generated sequences, and whether generation
@@ -315,6 +341,7 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
         results[name] = {"tokens_per_s": statistics.median(rates[name]), "rounds": rates[name],
                          "trained": trained.get(name), "equal_without_cache": equal,
                          "routed": [float(r.routed.float().mean()) for r in routing or ()]}
+    paired = paired_ratios(results, [(name, "dense") for name in results if name != "dense"])
     command = (f"python -m adaptive_ds.tools.benchmark --generate --preset {preset} --cases {' '.join(cases)} "
                f"--micro_batch {batch} --prompt_len {prompt_len} --new_tokens {new_tokens} --rounds {rounds} "
                f"--precision {precision}")
@@ -325,8 +352,7 @@ def measure_generation(preset: str, cases: list[str], batch: int, prompt_len: in
             "device": torch.cuda.get_device_name() if device.type == "cuda" else
             f"cpu ({torch.get_num_threads()} threads)", "precision": precision, "batch": batch,
             "prompt_len": prompt_len, "new_tokens": new_tokens, "rounds": rounds, "results": results,
-            "ratios": {f"{name}/dense": r["tokens_per_s"] / results["dense"]["tokens_per_s"]
-                       for name, r in results.items() if name != "dense" and "dense" in results}}
+            "ratios": {name: statistics.median(values) for name, values in paired.items()}, "ratio_rounds": paired}
 
 
 def generation_table(report: dict) -> str:
@@ -339,6 +365,10 @@ def generation_table(report: dict) -> str:
         lines.append(f"{name:<11}{r['tokens_per_s']:>10,.1f}{f'{ratio:.2f}x' if ratio else '':>10}  "
                      f"{str(r['equal_without_cache']):<18}{routed}{' (trained)' if r['trained'] else ''}")
     return "\n".join(lines)
+
+
+def _span(values: list[float]) -> tuple[float, float]:
+    return min(values), max(values)
 
 
 def _device_kind(report: dict) -> str:
@@ -356,16 +386,20 @@ def generation_markdown(report: dict) -> str:
         f"Measured {report['date']} on {report['machine']} ({report['device']}), torch {report['torch']}, deepspeed "
         f"{report['deepspeed']}, commit {report['commit']}: `{report['command']}`. {report['precision']}, batch "
         f"{report['batch']}, prompt {report['prompt_len']} + {report['new_tokens']} new tokens (greedy, no early "
-        f"stop, with the KV cache), median of {report['rounds']} interleaved rounds after a warm-up.",
+        f"stop, with the KV cache), median of {report['rounds']} rounds, each running every case back to back, after a "
+        "warm-up round that is not counted; vs dense: the median of the per-round ratios (their min–max).",
         "",
         "| case | model | tokens/s | vs dense | KV cache = no cache | routed share per MoD block |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in report["results"].items():
-        ratio = report["ratios"].get(f"{name}/dense")
+        ratio = f"{name}/dense"
         routed = ", ".join(f"{x:.2f}" for x in r["routed"]) or "-"
         model = f"trained, `{r['trained']}`" if r["trained"] else "random weights"
-        lines.append(f"| `{name}` | {model} | {r['tokens_per_s']:,.1f} | {f'{ratio:.2f}x' if ratio else '-'} | "
+        shown = f"{report['ratios'][ratio]:.2f}x" if ratio in report["ratios"] else "-"
+        if ratio in report.get("ratio_rounds", {}):
+            shown += " ({:.2f}x–{:.2f}x)".format(*_span(report["ratio_rounds"][ratio]))
+        lines.append(f"| `{name}` | {model} | {r['tokens_per_s']:,.1f} | {shown} | "
                      f"{'yes' if r['equal_without_cache'] else '**no**'} | {routed} |")
     return "\n".join(lines)
 
@@ -378,18 +412,34 @@ def _table(report: dict) -> str:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         graphs = f"  {r['graph_breaks']}, {r['recompiles_after_warmup']}" if r["compiled"] else ""
         lines.append(f"{name:<17}{r['tokens_per_s']:>12,.0f}{r['achieved_tflops']:>10.3f}{mfu:>8}{graphs}")
-    lines += [f"{name}: {value:.2f}x" for name, value in report["ratios"].items()]
+    lines += [f"{name}: {statistics.median(values):.2f}x, per round " + " ".join(f"{v:.2f}x" for v in values)
+              for name, values in paired_ratios(report["results"], RATIOS).items()]
     return "\n".join(lines)
 
 
+def _warmup_text(report: dict) -> str:
+    """How the counted rounds were warmed up: a round like them, or (the reports before it was) the command's
+    --warmup steps."""
+    steps = report.get("warmup_steps")
+    if steps is None:
+        steps = int(re.search(r"--warmup (\d+)", report["command"]).group(1))
+    if steps == report["steps_per_round"]:
+        return "after a warm-up round like them, not counted"
+    return f"after a warm-up of {steps} optimizer steps per case, not a full round, not counted"
+
+
 def markdown(report: dict) -> str:
-    """The BENCHMARKS.md section of a report: provenance, tokens/s per case, ratios."""
+    """The BENCHMARKS.md section of a report: provenance, tokens/s per case, the paired ratios (worked out from the
+    recorded rounds, so a report of any version renders so)."""
     gpu = report["peak_tflops"] is not None
     lines = [
         f"Measured {report['date']} on {report['machine']}, torch {report['torch']}, deepspeed {report['deepspeed']}, "
         f"commit {report['commit']}: `{report['command']}`. {report['precision']}, ZeRO-1, micro-batch "
         f"{report['micro_batch']} x seq {report['seq_len']}, embedded corpus, every case through the same DeepSpeed "
-        f"engine; median of {report['rounds']} interleaved rounds of {report['steps_per_round']} optimizer steps.",
+        f"engine. {report['rounds']} rounds, each running every case back to back for {report['steps_per_round']} "
+        f"optimizer steps, {_warmup_text(report)}. A case's tokens/s is its median over the rounds; a ratio is "
+        "paired: case a's tokens/s over case b's in the same round, the median of those per-round ratios, with "
+        "their min and max.",
         "",
         "| case | tokens/s | " + ("MFU |" if gpu else "achieved TFLOP/s |"),
         "|---|---|---|",
@@ -397,8 +447,10 @@ def markdown(report: dict) -> str:
     for name, r in report["results"].items():
         speed = f"{100 * r['mfu']:.1f}%" if gpu else f"{r['achieved_tflops']:.3f}"
         lines.append(f"| {CASES[name].description} (`{name}`) | {r['tokens_per_s']:,.0f} | {speed} |")
-    lines += ["", "| ratio | measured |", "|---|---|"]
-    lines += [f"| {name.replace('/', ' / ')} | {value:.2f}x |" for name, value in report["ratios"].items()]
+    lines += ["", f"| ratio | median of {report['rounds']} rounds | min – max | per round |", "|---|---|---|---|"]
+    for name, values in paired_ratios(report["results"], RATIOS).items():
+        lines.append(f"| {name.replace('/', ' / ')} | {statistics.median(values):.2f}x | "
+                     "{:.2f}x – {:.2f}x | ".format(*_span(values)) + ", ".join(f"{v:.2f}x" for v in values) + " |")
     compiled = [f"`{name}` {r['graph_breaks']} graph breaks, {r['recompiles_after_warmup']} recompilations after "
                 "warm-up" for name, r in report["results"].items() if r.get("compiled")]
     if compiled:
@@ -412,13 +464,16 @@ def throughput_key(report: dict) -> str:
 
 
 def write_section(path: str, report: dict) -> None:
-    replace_section(path, throughput_key(report), markdown(report),
-                    f"Training throughput side by side, {report['preset']}, {report['machine']}")
+    """The report's section of the Markdown file at `path`, labelled if the code it measured has changed since."""
+    write_labelled_section(path, throughput_key(report), markdown(report),
+                           f"Training throughput side by side, {report['preset']}, {report['machine']}",
+                           report["commit"])
 
 
 def write_generation_section(path: str, report: dict) -> None:
-    replace_section(path, generation_key(report), generation_markdown(report),
-                    f"generate() tokens/s, {report['preset']}, batch {report['batch']}, {report['machine']}")
+    write_labelled_section(path, generation_key(report), generation_markdown(report),
+                           f"generate() tokens/s, {report['preset']}, batch {report['batch']}, {report['machine']}",
+                           report["commit"])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -426,8 +481,10 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False, description="Side-by-side training throughput of the architectures.")
     p.add_argument("--preset", default="debug", choices=list(PRESETS))
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per case per round")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5,
+                   help="rounds counted, each every case back to back: the ratios' median, min and max are over them")
+    p.add_argument("--warmup", type=int,
+                   help="optimizer steps per case in the warm-up round, which is not counted (default: --steps)")
     p.add_argument("--micro_batch", type=int, default=16)
     p.add_argument("--precision", default="bf16" if torch.cuda.is_available() else "fp32",
                    choices=["fp32", "bf16", "fp16"])
@@ -449,7 +506,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--new_tokens", type=int, default=128, help="with --generate: tokens generated per prompt")
     p.add_argument("--trained", nargs="+", default=[], metavar="CASE=FOLDER",
                    help="with --generate: trained models (save_pretrained folders) instead of random weights")
+    p.add_argument("--restate", nargs="+", metavar="REPORT",
+                   help="instead: work each throughput report's ratios out anew from its recorded rounds and rewrite "
+                        "it (and its section, with --benchmarks_md); nothing is measured")
     return p
+
+
+def _restate_files(paths: list[str], benchmarks_md: str | None) -> None:
+    """--restate: every report read and restated before any is written, so a bad one leaves them all as they were."""
+    reports = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                report = json.load(f)
+            if "steps_per_round" not in report:
+                raise KeyError("steps_per_round")
+            reports.append(restate(report))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise SystemExit(f"error: --restate {path}: not a throughput report ({error!r})") from None
+    for path, report in zip(paths, reports, strict=True):
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+        if benchmarks_md:
+            write_section(benchmarks_md, report)
+        print(f"restated {path}" + (f" and its section in {benchmarks_md}" if benchmarks_md else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -460,6 +541,11 @@ def main(argv: list[str] | None = None) -> None:
         check_markdown_path(args.benchmarks_md)
     except ValueError as error:
         p.error(str(error))
+    if args.restate:
+        return _restate_files(args.restate, args.benchmarks_md)
+    for name in ("steps", "rounds", "warmup", "micro_batch"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     if args.generate:
         trained = dict(item.split("=", 1) for item in args.trained if "=" in item)
         if len(trained) != len(args.trained):

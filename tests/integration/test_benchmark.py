@@ -18,8 +18,12 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     assert set(report["results"]) == set(CASES)
     for result in report["results"].values():
         assert len(result["rounds"]) == 2 and result["tokens_per_s"] > 0 and result["mfu"] is None
+        assert result["warmup_tokens_per_s"] > 0  # the warm-up round, recorded apart from the counted ones
     assert [name for name, r in report["results"].items() if r["compiled"]] == ["dense_compile", "hf_llama_compile"]
-    assert set(report["ratios"]) == {f"{a}/{b}" for a, b in RATIOS}
+    assert set(report["ratios"]) == set(report["ratio_rounds"]) == {f"{a}/{b}" for a, b in RATIOS}
+    for name, values in report["ratio_rounds"].items():  # each round's ratio, of that round's two figures
+        a, b = (report["results"][case]["rounds"] for case in name.split("/"))
+        assert values == [a[0] / b[0], a[1] / b[1]] and min(values) <= report["ratios"][name] <= max(values)
     # MoD's FLOPs per token count only the routed tokens; the mod case runs capacity 0.5 in every block
     assert CASES["mod"].model == {"arch": "mod", "mod_capacity": 0.5, "mod_layer_interval": 1}
     assert report["results"]["mod"]["flops_per_token"] < 0.6 * report["results"]["dense"]["flops_per_token"]

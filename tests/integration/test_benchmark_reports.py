@@ -9,6 +9,7 @@ from helpers.common import ROOT, snapshot
 
 from adaptive_ds.tools import benchmark
 from adaptive_ds.tools.benchmark import generation_markdown, main, markdown
+from adaptive_ds.tools.staleness import unlabelled
 
 
 def _published_copy(tmp_path, monkeypatch) -> tuple[bytes, dict[str, bytes]]:
@@ -35,13 +36,17 @@ def test_throughput_is_published_only_when_told(tmp_path, monkeypatch):
     assert snapshot(tmp_path / "benchmarks") == before_results
     report = json.loads((tmp_path / "runs" / "benchmark" / "throughput_debug_cpu.json").read_text())
     assert set(report["results"]) == {"dense", "mod"} and "--cases dense mod" in report["command"]
+    assert report["warmup_steps"] == report["steps_per_round"] == 1 and report["rounds"] == 1  # --warmup as given
+    assert report["ratio_rounds"]["mod/dense"] == [report["results"]["mod"]["rounds"][0] /
+                                                  report["results"]["dense"]["rounds"][0]]
 
     # the same report published (not measured again: what is under test is where it goes)
     monkeypatch.setattr(benchmark, "run_benchmark", lambda *args, **kwargs: report)
     main([*argv, "--out", "benchmarks", "--benchmarks_md", "BENCHMARKS.md"])
     published = json.loads((tmp_path / "benchmarks" / "throughput_debug_cpu.json").read_text())
     assert published == report
-    assert _section(tmp_path / "BENCHMARKS.md", "throughput:debug:cpu") == markdown(published)
+    # under the label its commit gets (run outside the checkout: "unknown", whose staleness cannot be told)
+    assert unlabelled(_section(tmp_path / "BENCHMARKS.md", "throughput:debug:cpu")) == markdown(published)
     assert (tmp_path / "benchmarks" / "grid_debug_embedded-hard.json").read_bytes() == before_results[
         "grid_debug_embedded-hard.json"]
 
@@ -61,7 +66,7 @@ def test_generation_is_a_report_and_a_section_of_its_own(tmp_path, monkeypatch):
     main([*argv, "--out", "benchmarks", "--benchmarks_md", "BENCHMARKS.md"])
     published = json.loads((tmp_path / "benchmarks" / "generate_debug_cpu_batch1.json").read_text())
     assert published == report
-    section = _section(tmp_path / "BENCHMARKS.md", "generate:debug:cpu:batch1")
+    section = unlabelled(_section(tmp_path / "BENCHMARKS.md", "generate:debug:cpu:batch1"))
     assert section == generation_markdown(published)
     rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| `")}
     assert set(rows) == {"`dense`", "`mod`"}

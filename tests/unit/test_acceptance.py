@@ -8,7 +8,7 @@ import math
 import pytest
 from helpers.common import ROOT
 
-from adaptive_ds.tools import acceptance, report
+from adaptive_ds.tools import acceptance, report, staleness
 from adaptive_ds.tools.acceptance import STAGES, TARGETS, failures, judge, summary_lines
 from adaptive_ds.tools.benchmark import RATIOS
 
@@ -22,12 +22,13 @@ def _passing() -> dict:
                   "predicted_peak_gib": 6.8, "training_tokens_per_s": 2500.0},
         "benchmark": {"ok": True, "preset": "debug_200m", "date": "2026-12-01", "machine": "NVIDIA H200 (1 GPU)",
                       "commit": "abc1234", "command": "python -m adaptive_ds.tools.benchmark --preset debug_200m",
-                      "seq_len": 2048, "micro_batch": 8, "precision": "bf16", "steps_per_round": 5, "rounds": 2,
-                      "device": "NVIDIA H200", "peak_tflops": 989.0, "torch": "2.13.0", "deepspeed": "0.18.0",
+                      "seq_len": 2048, "micro_batch": 8, "precision": "bf16", "steps_per_round": 5, "rounds": 5,
+                      "warmup_steps": 5, "device": "NVIDIA H200", "peak_tflops": 989.0, "torch": "2.13.0",
+                      "deepspeed": "0.18.0",
                       "results": {"dense": {"mfu": 0.46, "tokens_per_s": 90000.0, "achieved_tflops": 455.0,
-                                            "compiled": False},
+                                            "compiled": False, "rounds": [89e3, 90e3, 91e3, 88e3, 92e3]},
                                   "moe": {"mfu": 0.30, "tokens_per_s": 60000.0, "achieved_tflops": 297.0,
-                                          "compiled": False}},
+                                          "compiled": False, "rounds": [59e3, 60e3, 61e3, 58e3, 62e3]}},
                       "ratios": {"dense/hf_llama_compile": 1.31, "moe/moe_deepspeed": 2.51, "moe/hf_mixtral": 2.6,
                                  "mod/dense": 1.61, "hybrid/moe": 1.41, "dense/hf_llama": 1.5}},
         "b7": {"ok": True, "steps": 3, "losses": [10.9, 10.8, 10.6], "finite_loss_steps": 3,
@@ -146,8 +147,9 @@ def test_a_dry_run_and_a_stage_not_run_measure_nothing_and_fail_nothing():
 
 def _fake_stages(monkeypatch, stages: dict) -> list:
     """The command on a CUDA machine, its stages replaced by these records and its provenance made up (no git
-    process); returns the stages it ran."""
+    process: the sections it renders are of the code as it is); returns the stages it ran."""
     ran = []
+    monkeypatch.setattr(staleness, "staleness", lambda commit, paths, repo=None: staleness.Staleness(commit, paths))
 
     def fake_stage(name, dry, workdir, micro_batch):
         ran.append((name, dry))

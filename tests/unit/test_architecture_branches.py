@@ -9,7 +9,6 @@ PACKAGE = ROOT / "adaptive_ds"
 # A same-spelt literal about something else than an architecture, each with its reason: (module, the comparison).
 NOT_ARCHITECTURES = {
     ("tools/benchmark.py", "name != 'dense'"): "a benchmark case named dense, the ratios' denominator",
-    ("tools/benchmark.py", "'dense' in results"): "a benchmark case named dense, the ratios' denominator",
     ("tools/grid_runs.py", "'mod' in m"): "the MoD section of a metrics record, present where the model routes",
     ("tools/grid_spec.py", "self.baseline != 'dense'"): "the grid's --baseline default, named in the command only "
                                                        "where another variant is the baseline",
