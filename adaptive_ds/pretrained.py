@@ -266,11 +266,17 @@ class Source:
 
     def check_tokenizer(self, tokenizer, data: str) -> None:
         """The run's data must be tokenized with the folder's vocabulary; ValueError in one line otherwise."""
+        from .data import EMBEDDED_SOURCES  # the data package imports datasets: not for the planner's reads
+
         own = self.tokenizer()
         if own.get_vocab() != tokenizer.get_vocab():
+            # the built-in corpus has one tokenizer: only a folder of that tokenizer (a run's final/ on it) trains on it
+            fix = (f"{data} has its own tokenizer: start from a folder that has it (the final/ of a run on {data}), "
+                   "or pass text data prepared with --tokenizer set to that folder"
+                   if data in EMBEDDED_SOURCES else "prepare the data with --tokenizer set to that folder")
             raise ValueError(f"--data {data!r} is tokenized with a vocabulary of {len(tokenizer)} tokens that is not "
                              f"the tokenizer of init_from {self.name!r} ({len(own)} tokens); the tokenizer comes with "
-                             "the weights: prepare the data with --tokenizer set to that folder")
+                             f"the weights: {fix}")
         if len(own) > pad_vocab(self.config.vocab_size):
             raise ValueError(f"init_from {self.name!r}'s tokenizer has {len(own)} tokens, more than its model's "
                              f"vocab_size {self.config.vocab_size}")
