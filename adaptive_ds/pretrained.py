@@ -75,15 +75,23 @@ INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
+def check_name(name: str) -> None:
+    """What can be told of an --init_from without the Hub: a local folder that exists, or a Hub model id (whether the
+    Hub holds it is the run's to find). ValueError in one line otherwise."""
+    if os.path.isdir(name):
+        return
+    if os.path.exists(name) or name.startswith((os.path.sep, ".", "~")) or not _HUB_ID.fullmatch(name):
+        raise ValueError(f"init_from {name!r}: no such folder; pass a folder holding a model's config.json, "
+                         "safetensors weights and tokenizer, or a Hub model id")
+
+
 def resolve(name: str, weights: bool = True) -> str:
     """The local folder of `name`: itself, or a Hub id's snapshot in the HF cache (fetched into it where it is not
     there yet and the Hub can be reached). ValueError in one line when it is neither. `weights` False: a Hub id's
     config, tokenizer and index only (what the planner reads), not gigabytes of weights."""
+    check_name(name)
     if os.path.isdir(name):
         return name
-    if os.path.exists(name) or name.startswith((os.path.sep, ".", "~")) or not _HUB_ID.fullmatch(name):
-        raise ValueError(f"init_from {name!r}: no such folder; pass a folder holding a model's config.json, "
-                         "safetensors weights and tokenizer, or a Hub model id")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
