@@ -9,12 +9,22 @@ Generation uses the KV cache; temperature 0 is greedy.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
 
 from .ds_checkpoint import CheckpointError
 from .export.convert import load_any
+
+
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it loads anything: ValueError in one line."""
+    if not os.path.exists(args.model):
+        raise ValueError(f"MODEL {args.model!r} does not exist; pass a save_pretrained folder (OUTPUT_DIR/final) or a "
+                         "checkpoint (OUTPUT_DIR, its checkpoints/ or a tag in it)")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     try:
+        check(args)
         model, tokenizer = load_any(args.model)
     except (CheckpointError, OSError, ValueError) as error:
         sys.exit(f"error: {error}")

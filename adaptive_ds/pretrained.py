@@ -75,15 +75,23 @@ INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
+def check_name(name: str) -> None:
+    """What can be told of an --init_from without the Hub: a local folder that exists, or a Hub model id (whether the
+    Hub holds it is the run's to find). ValueError in one line otherwise."""
+    if os.path.isdir(name):
+        return
+    if os.path.exists(name) or name.startswith((os.path.sep, ".", "~")) or not _HUB_ID.fullmatch(name):
+        raise ValueError(f"init_from {name!r}: no such folder; pass a folder holding a model's config.json, "
+                         "safetensors weights and tokenizer, or a Hub model id")
+
+
 def resolve(name: str, weights: bool = True) -> str:
     """The local folder of `name`: itself, or a Hub id's snapshot in the HF cache (fetched into it where it is not
     there yet and the Hub can be reached). ValueError in one line when it is neither. `weights` False: a Hub id's
     config, tokenizer and index only (what the planner reads), not gigabytes of weights."""
+    check_name(name)
     if os.path.isdir(name):
         return name
-    if os.path.exists(name) or name.startswith((os.path.sep, ".", "~")) or not _HUB_ID.fullmatch(name):
-        raise ValueError(f"init_from {name!r}: no such folder; pass a folder holding a model's config.json, "
-                         "safetensors weights and tokenizer, or a Hub model id")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -266,11 +274,17 @@ class Source:
 
     def check_tokenizer(self, tokenizer, data: str) -> None:
         """The run's data must be tokenized with the folder's vocabulary; ValueError in one line otherwise."""
+        from .data import EMBEDDED_SOURCES  # the data package imports datasets: not for the planner's reads
+
         own = self.tokenizer()
         if own.get_vocab() != tokenizer.get_vocab():
+            # the built-in corpus has one tokenizer: only a folder of that tokenizer (a run's final/ on it) trains on it
+            fix = (f"{data} has its own tokenizer: start from a folder that has it (the final/ of a run on {data}), "
+                   "or pass text data prepared with --tokenizer set to that folder"
+                   if data in EMBEDDED_SOURCES else "prepare the data with --tokenizer set to that folder")
             raise ValueError(f"--data {data!r} is tokenized with a vocabulary of {len(tokenizer)} tokens that is not "
                              f"the tokenizer of init_from {self.name!r} ({len(own)} tokens); the tokenizer comes with "
-                             "the weights: prepare the data with --tokenizer set to that folder")
+                             f"the weights: {fix}")
         if len(own) > pad_vocab(self.config.vocab_size):
             raise ValueError(f"init_from {self.name!r}'s tokenizer has {len(own)} tokens, more than its model's "
                              f"vocab_size {self.config.vocab_size}")

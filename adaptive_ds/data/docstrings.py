@@ -211,6 +211,15 @@ def build_shard(out: str, roots: list[str], max_mb: float, min_chars: int = 40) 
     return build
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it walks a folder: --out and --roots (`build_shard` checks them again); ValueError in
+    one line."""
+    problems = out_problems(args.out) + [f"--roots {r!r} is not a directory" for r in args.roots or []
+                                         if not os.path.isdir(r)]
+    if problems:
+        raise ValueError(problems[0])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the shard to write, e.g. "
@@ -225,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     roots = args.roots or default_roots()
     start = time.perf_counter()
     try:
+        check(args)
         build = build_shard(args.out, roots, args.max_mb, args.min_chars)
     except ValueError as e:
         sys.exit(f"error: {e}")

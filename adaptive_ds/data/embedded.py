@@ -379,6 +379,17 @@ class CorpusStatistics:
         return (self.unigram_entropy - loss) / (self.unigram_entropy - self.entropy_floor)
 
 
+def describe_captured(captured: float, short: bool = False) -> str:
+    """A captured share as the logs write it: below 0 (a loss still above the unigram entropy, early in a run or in
+    a short one) it says what that means rather than leave a negative share of structure to be puzzled over."""
+    if captured >= 0:
+        return f"captured {100 * captured:.1f}%" + ("" if short else " of the learnable structure")
+    if short:
+        return f"captured {100 * captured:.1f}%: loss above the unigram entropy"
+    return (f"captured {100 * captured:.1f}% of the learnable structure (below 0: the loss is still above the "
+            "unigram entropy, what knowing only the token frequencies reaches)")
+
+
 def corpus_statistics(seq_len: int, namespace: str, num_blocks: int = 2000, tier: str = "base") -> CorpusStatistics:
     """Entropy floor and unigram entropy over the tokens a model predicts in the blocks of `namespace`.
 

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from .prepared import FORMAT_VERSION, MANIFEST, PREPARING, SPLITS, TOKENIZER_DIR, read_manifest, tokenizer_hash
-from .text import Framing, is_validation, load_tokenizer, open_documents
+from .text import Framing, is_validation, load_tokenizer, looks_like_path, open_documents
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +214,20 @@ def _write_manifest(out: str, manifest: dict) -> None:
     os.remove(os.path.join(out, PREPARING))
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it reads a document: local data that names no file, and a tokenizer path that does not
+    exist (a Hub name is the prepare's to find); ValueError in one line."""
+    from . import source_problems  # the training run's check of --data, and its messages
+
+    problems = source_problems(args.data) if looks_like_path(args.data) else []
+    if problems:
+        raise ValueError("; ".join(problems))
+    spec = args.tokenizer
+    if not spec.startswith("bpe:") and not os.path.exists(spec) and (spec.count("/") > 1 or spec.startswith(
+            (os.path.sep, ".", "~"))):
+        raise ValueError(f"--tokenizer {spec!r}: no such folder; pass bpe:N, a tokenizer's folder or a Hub name")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         allow_abbrev=False, description="Tokenize a corpus once into token shards for `--data DIR`.")
@@ -232,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
+        check(a)
         prepare(PrepareArguments(a.data, a.tokenizer, a.seq_len, a.text_field, a.data_config, a.validation_share,
                                  a.seed, a.tokenizer_sample_docs), a.out, a.workers)
     except ValueError as e:

@@ -74,6 +74,15 @@ def convert(model: AdaptiveDSForCausalLM, model_type: str):
     return stock
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it loads anything: ValueError in one line."""
+    if not os.path.exists(args.src):
+        raise ValueError(f"{args.src!r} does not exist; pass OUTPUT_DIR, a checkpoint directory, or a save_pretrained "
+                         "folder")
+    if os.path.isdir(args.dst) and os.listdir(args.dst):
+        raise ValueError(f"{args.dst!r} already holds files; pass a new or empty output folder")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         allow_abbrev=False, description="Export a checkpoint, or convert to stock transformers classes.")
@@ -85,9 +94,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{AUTO}: the stock class of the folder the model started from (--init_from)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if os.path.isdir(args.dst) and os.listdir(args.dst):
-        sys.exit(f"error: {args.dst!r} already holds files; pass a new or empty output folder")
     try:
+        check(args)
         model, tokenizer = load_any(args.src)
         save_standalone(model if args.to == own else convert(model, args.to), tokenizer, args.dst)
     except (CheckpointError, ValueError) as error:

@@ -510,9 +510,19 @@ def default_out(dry: bool) -> str:
                         f"acceptance_{'dry' if dry else 'gpu'}_{time.strftime('%Y-%m-%d_%H%M%S')}.json")
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before a stage runs: ValueError in one line."""
+    from .report import check_markdown_path
+
+    if args.micro_batch < 1:
+        raise ValueError(f"--micro_batch {args.micro_batch} must be at least 1")
+    check_markdown_path(args.benchmarks_md)
+    if args.out and os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out!r} is a folder; it names the JSON report's file")
+
+
 def main(argv: list[str] | None = None) -> None:
     from .. import distributed
-    from .report import check_markdown_path
 
     p = argparse.ArgumentParser(
         allow_abbrev=False, description="The GPU acceptance run (a dry run of every stage without CUDA).")
@@ -527,14 +537,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stage_out", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.micro_batch < 1:
-        p.error(f"--micro_batch {args.micro_batch} must be at least 1")
     try:
-        check_markdown_path(args.benchmarks_md)
+        check(args)
     except ValueError as error:
         p.error(str(error))
-    if args.out and os.path.isdir(args.out):
-        p.error(f"--out {args.out!r} is a folder; it names the JSON report's file")
     distributed.setup_logging(logging.INFO)
     dry = args.dry_run or not torch.cuda.is_available()
     if args.stage:

@@ -533,12 +533,26 @@ def _restate_files(paths: list[str], benchmarks_md: str | None) -> None:
         print(f"restated {path}" + (f" and its section in {benchmarks_md}" if benchmarks_md else ""))
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it measures: ValueError in one line."""
+    check_markdown_path(args.benchmarks_md)
+    trained = dict(item.split("=", 1) for item in args.trained if "=" in item)
+    if len(trained) != len(args.trained):
+        raise ValueError("--trained takes CASE=FOLDER pairs, e.g. mod=runs/mod/final")
+    missing = [folder for folder in trained.values() if not os.path.isdir(folder)]
+    if missing:
+        raise ValueError(f"--trained: no folder {', '.join(map(repr, missing))}; pass trained models' "
+                         "save_pretrained folders (OUTPUT_DIR/final)")
+    if args.memory and args.cases and args.cases[0] not in GENERATION_CASES:
+        raise ValueError(f"--memory measures one of our models; --cases one of {', '.join(GENERATION_CASES)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = _parser()
     args = p.parse_args(argv)
     distributed.setup_logging(logging.WARNING)
     try:
-        check_markdown_path(args.benchmarks_md)
+        check(args)
     except ValueError as error:
         p.error(str(error))
     if args.restate:
@@ -547,9 +561,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     if args.generate:
-        trained = dict(item.split("=", 1) for item in args.trained if "=" in item)
-        if len(trained) != len(args.trained):
-            p.error("--trained takes CASE=FOLDER pairs, e.g. mod=runs/mod/final")
+        trained = dict(item.split("=", 1) for item in args.trained)
         try:
             report = measure_generation(args.preset, args.cases or list(GENERATION_CASES), args.micro_batch,
                                         args.prompt_len, args.new_tokens, args.rounds, args.precision,
@@ -563,8 +575,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     args.cases = args.cases or list(CASES)
     if args.memory:
-        if args.cases[0] not in GENERATION_CASES:
-            p.error(f"--memory measures one of our models; --cases one of {', '.join(GENERATION_CASES)}")
         report = measure_peak_memory(args.preset, args.cases[0], args.micro_batch, args.checkpointing,
                                      experts=args.experts)
         print(json.dumps(report, indent=2))

@@ -100,18 +100,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it builds: ValueError in one line."""
+    from .report import check_markdown_path
+
+    if (args.out or args.benchmarks_md) and not args.fresh:
+        raise ValueError("--out and --benchmarks_md report a build from nothing: add --fresh (loading built ops "
+                         "measures nothing)")
+    check_markdown_path(args.benchmarks_md)
+
+
 def main(argv: list[str] | None = None) -> None:
     from ..distributed import use_this_environments_ninja
     from .quickstart import cpu_model
-    from .report import check_markdown_path, commit, machine, write_report
+    from .report import commit, machine, write_report
 
     p = _parser()
     args = p.parse_args(argv)
-    if (args.out or args.benchmarks_md) and not args.fresh:
-        p.error("--out and --benchmarks_md report a build from nothing: add --fresh (loading built ops measures "
-                "nothing)")
     try:
-        check_markdown_path(args.benchmarks_md)
+        check(args)
     except ValueError as error:
         p.error(str(error))
     use_this_environments_ninja()  # the environment's ninja, as every run of ours uses: a build each one reuses

@@ -261,6 +261,19 @@ def _corpus(work: str, files: int, corpus_mb: float) -> None:
     os.rename(os.path.join(work, "c4.partial"), os.path.join(work, "c4"))
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before anything is computed or written: ValueError in one line for a bad value; SystemExit
+    with its line for a --work folder that another corpus or prepare holds."""
+    problems = [f"--{name} must be positive, got {value}" for name, value in
+                (("corpus_mb", args.corpus_mb), ("files", args.files), ("steps", args.steps)) if value <= 0]
+    if problems:
+        raise ValueError("; ".join(problems))
+    check_markdown_path(args.benchmarks_md)
+    problem = _corpus_problem(args.work, args.files, args.corpus_mb) or _prepared_problem(args.work)
+    if problem:
+        raise SystemExit(problem)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description="Measure the data pipeline's tokens/s and resume time.")
     p.add_argument("--work", default="runs/data_benchmark", help="folder for the corpus and the prepared shards")
@@ -270,17 +283,10 @@ def main(argv: list[str] | None = None) -> None:
     add_publish_arguments(p, "data_benchmark.json")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    problems = [f"--{name} must be positive, got {value}" for name, value in
-                (("corpus_mb", args.corpus_mb), ("files", args.files), ("steps", args.steps)) if value <= 0]
-    if problems:
-        p.error("; ".join(problems))
     try:
-        check_markdown_path(args.benchmarks_md)
+        check(args)
     except ValueError as error:
         p.error(str(error))
-    problem = _corpus_problem(args.work, args.files, args.corpus_mb) or _prepared_problem(args.work)
-    if problem:  # before anything is computed or written
-        raise SystemExit(problem)
     needs = gpu_needs()  # before hours of measuring: a config the planner cannot read fails now
     _corpus(args.work, args.files, args.corpus_mb)
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),

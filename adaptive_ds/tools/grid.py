@@ -361,18 +361,29 @@ def _earlier_report(path: str, found: list[GridSpec]) -> dict:
     return report
 
 
+def check(args: argparse.Namespace) -> list[GridSpec]:
+    """What main checks before it trains (SystemExit in one line): with --restate, the reports and the Markdown file's
+    folder; else every run's settings (`specs`), which it returns."""
+    if not args.restate:
+        return specs(args)
+    missing = [path for path in args.restate if not os.path.isfile(path)]
+    try:
+        check_markdown_path(args.benchmarks_md)
+        if missing:
+            raise ValueError(f"--restate {', '.join(map(repr, missing))}: no such file; pass grid reports (JSON)")
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    return []
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    found = check(args)
     if args.restate:
-        try:
-            check_markdown_path(args.benchmarks_md)
-        except ValueError as error:
-            raise SystemExit(f"error: {error}") from None
         return _restate_files(args.restate, args.benchmarks_md)
     out = args.out if args.out is not None else os.path.join(args.runs, "report")
     failed = []
-    found = specs(args)
     extend = _earlier_report(args.extend, found) if args.extend else None
     for spec in found:
         try:

@@ -229,6 +229,20 @@ def _model_arg(text: str) -> tuple[str, str]:
     return name, path
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it loads a model: ValueError in one line."""
+    names = [name for name, _ in args.models]
+    if len(set(names)) < len(names):
+        raise ValueError(f"each --models NAME must be unique, got {', '.join(names)}")
+    for name, path in args.models:
+        if not os.path.isdir(path):
+            raise ValueError(f"--models {name}={path}: no such folder (give a trained run's final/ folder)")
+    if args.blocks < 1:
+        raise ValueError(f"--blocks must be at least 1, got {args.blocks}")
+    check_name(args.name)
+    check_markdown_path(args.benchmarks_md)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", type=_model_arg, required=True, metavar="NAME=FOLDER")
@@ -249,12 +263,8 @@ def main(argv: list[str] | None = None) -> None:
                                   "loss-breakdown:SEQ_LEN:TIER:NAME, apart from others of the same corpus")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    names = [name for name, _ in args.models]
-    if len(set(names)) < len(names):
-        sys.exit(f"loss_breakdown: each --models NAME must be unique, got {', '.join(names)}")
     try:
-        check_name(args.name)
-        check_markdown_path(args.benchmarks_md)
+        check(args)
         report = breakdown(dict(args.models), args.seed, args.blocks, args.train_tokens, args.tier)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"loss_breakdown: {e}")

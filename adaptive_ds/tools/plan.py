@@ -232,6 +232,25 @@ def format_plan(p: Plan, advice: list = (), init_from: str | None = None) -> str
     return "\n".join(lines)
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it plans: the file --write rewrites, what a plan needs, the ds_config as the training
+    run reads it, and an --init_from that is a folder that exists or a Hub id; ValueError in one line."""
+    from .. import pretrained
+
+    if args.write:
+        if not os.path.isfile(args.write):
+            raise ValueError(f"{args.write!r} not found; pass the path of BENCHMARKS.md")
+        return
+    if args.validate:
+        return
+    if not args.gpu or not (args.preset or args.init_from):
+        raise ValueError("--preset (or --init_from) and --gpu are required (or --validate, or --write)")
+    if args.ds_config:
+        ds_config_reader.read(ds_config_reader.load(args.ds_config))
+    if args.init_from:
+        pretrained.check_name(args.init_from)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description="Project memory, speed and cost of a preset on a GPU.")
     p.add_argument("--preset", choices=list(PRESETS))
@@ -252,10 +271,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--write", metavar="BENCHMARKS_MD",
                    help="rewrite the validation and projection tables of this Markdown file and stop")
     args = p.parse_args(argv)
+    try:
+        check(args)
+    except ValueError as error:  # a ConfigError among them
+        raise SystemExit(f"error: {error}") from None
     try:  # both read the measured peaks in the repository's benchmarks/
         if args.write:
-            if not os.path.isfile(args.write):
-                raise SystemExit(f"error: {args.write!r} not found; pass the path of BENCHMARKS.md")
             write_benchmarks(args.write)
             return
         if args.validate:
@@ -266,8 +287,6 @@ def main(argv: list[str] | None = None) -> None:
     seq_len = None  # the preset's
     if args.init_from and args.gpu:
         args.preset, args.vocab_size, init_model, seq_len = init_from_model(args.init_from, args.arch, args.preset)
-    elif not args.preset or not args.gpu:
-        p.error("--preset (or --init_from) and --gpu are required (or --validate)")
     try:
         raw = ds_config_reader.load(args.ds_config) if args.ds_config else {
             "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}

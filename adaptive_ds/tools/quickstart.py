@@ -109,6 +109,17 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it clones: ValueError in one line for a bad value; SystemExit with its line for a
+    --repository that is no git checkout."""
+    if args.timeout_minutes <= 0:
+        raise ValueError(f"--timeout_minutes must be positive, got {args.timeout_minutes}")
+    check_markdown_path(args.benchmarks_md)
+    if not os.path.isdir(os.path.join(args.repository, ".git")):
+        raise SystemExit(f"error: --repository {args.repository!r} is not a git checkout (the quick start runs "
+                         "from a clone of one)")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         allow_abbrev=False, prog="python -m adaptive_ds.tools.quickstart", description=__doc__.split("\n\n")[0])
@@ -117,15 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout_minutes", type=float, default=90.0, help="each command's limit")
     add_publish_arguments(p, "quickstart.json")
     args = p.parse_args(argv)
-    if args.timeout_minutes <= 0:
-        p.error(f"--timeout_minutes must be positive, got {args.timeout_minutes}")
     try:
-        check_markdown_path(args.benchmarks_md)
+        check(args)
     except ValueError as error:
         p.error(str(error))
-    if not os.path.isdir(os.path.join(args.repository, ".git")):
-        raise SystemExit(f"error: --repository {args.repository!r} is not a git checkout (the quick start runs "
-                         "from a clone of one)")
     if os.path.exists(os.path.join(args.work, "clone")):
         shutil.rmtree(os.path.join(args.work, "clone"))
     os.makedirs(args.work, exist_ok=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -240,8 +241,8 @@ def markdown(report: dict) -> str:
         "tokenizer, with the published vocabulary; `--init_from` it as a training run builds it, with the engine of "
         f"`{report['ds_config']}` ({report['precision']}, ZeRO-{report['zero_stage']}, torch's AdamW), micro-batch "
         f"{report['micro_batch']} x seq {report['seq_len']}, one process on CPU. Measured: the process's peak "
-        "resident set minus its resident set before the model; projected: the planner's peak for a CPU process in "
-        "the same setting (`python -m adaptive_ds.tools.plan`'s model).",
+        "resident set minus its resident set before the model; projected: the peak the planner "
+        "(`adaptive_ds/tools/planner.py`) predicts for a CPU process in the same setting.",
         "",
         "| model | parameters (built / planned) | ran | measured peak | projected | error |",
         "|---|---|---|---|---|---|",
@@ -284,9 +285,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it builds or measures: ValueError in one line."""
+    if args.build:
+        if not os.path.isfile(args.build[0]):
+            raise ValueError(f"--build {args.build[0]!r}: no such file; pass a model's config.json")
+        return
+    check_markdown_path(args.benchmarks_md)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = _parser()
     args = p.parse_args(argv)
+    try:
+        check(args)
+    except ValueError as error:
+        p.error(str(error))
     if args.build:
         config_path, folder = map(Path, args.build)
         try:
@@ -295,10 +309,6 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: --build {config_path}: {error}") from None
         print(f"built {folder}")
         return
-    try:
-        check_markdown_path(args.benchmarks_md)
-    except ValueError as error:
-        p.error(str(error))
     published = published_configs()
     report = run_benchmark({name: published[name] for name in args.models}, Path(args.work), args.seq_len, args.seed,
                            args.wait)

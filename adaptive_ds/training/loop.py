@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .. import distributed
+from ..data.embedded import describe_captured
 from ..ds_config import keep_global_batch
 from ..ds_config import read as read_ds_config
 from ..export.hub import HubPusher, model_card
@@ -489,11 +490,19 @@ def _agreed_first(batches):
 
 
 def _describe(summary: dict) -> str:
-    text = (f"validation loss {summary['validation_loss']:.4f} (perplexity {summary['final_perplexity']:.3f}) "
-            f"after {summary['tokens_seen']:,} tokens in {summary['wall_time_s']:.0f} s")
+    """The summary's log line. Its tokens are the whole run's and its seconds this start's, so after a resume it says
+    how many of the tokens this start trained in them."""
+    tokens, seconds, resumed = summary["tokens_seen"], summary["wall_time_s"], summary.get("resumed_from_step", 0)
+    text = f"validation loss {summary['validation_loss']:.4f} (perplexity {summary['final_perplexity']:.3f}) "
+    if resumed:
+        trained = tokens - resumed * (tokens // summary["steps"])
+        text += (f"after {tokens:,} tokens, {trained:,} of them in this start's {seconds:.0f} s "
+                 f"(resumed at step {resumed})")
+    else:
+        text += f"after {tokens:,} tokens in {seconds:.0f} s"
     if "entropy_floor" in summary:
         text += (f"; entropy floor {summary['entropy_floor']:.4f}, unigram {summary['unigram_entropy']:.4f}, "
-                 f"captured {100 * summary['captured']:.1f}% of the learnable structure")
+                 f"{describe_captured(summary['captured'])}")
     return text
 
 

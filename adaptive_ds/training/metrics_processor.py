@@ -20,6 +20,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed
+from ..data.embedded import describe_captured
 from .controller import Controller, StepReport, Verdict, WindowReport
 from .metrics import LossWindow, MetricsWriter, PhaseClock, RoutingWindow
 
@@ -149,7 +150,8 @@ class MetricsProcessor:
         self.train_loss = record["loss"]
         self._bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
         stats = self.statistics
-        floor = f" (floor {stats.entropy_floor:.3f}, captured {100 * record['captured']:.1f}%)" if stats else ""
+        floor = (f" (floor {stats.entropy_floor:.3f}, {describe_captured(record['captured'], short=True)})" if stats
+                 else "")
         logger.info("step %d/%d loss %.4f%s%s lr %.2e %.0f tokens/s", step, self.max_steps, record["loss"], floor,
                     val, record["lr"], record["tokens_per_s"])
 

@@ -1,34 +1,46 @@
 """The docs cannot rot: every command README.md and docs/ show is run by a test (fenced blocks tagged `bash run`,
-tests/integration/test_docs_commands.py) or checked here through the real argument parsers (`bash check`: each
-launcher's own parser, then the training run's settings and ds_config checks; each tool's parser; `json check`: the
-ds_config reader; `python check`: it compiles and its imports exist); the commands BENCHMARKS.md's sections record
-parse the same way; every relative link resolves, to the heading its anchor names; every BENCHMARKS.md section a page
-or a code comment cites by key exists; and the README stays a landing page."""
+tests/integration/test_docs_commands.py, which checks the effect each page claims for them) or checked here, and
+these first too: each command through the parser that reads it (a launcher's, the training run's, a tool's) and then
+through what that program checks before it does any work (the training run's settings and ds_config checks; a tool's
+own `check(args)`: the ds_config reader, the grid's variant parser, the folders and files it reads must exist).
+
+Paths: a page's commands are checked in order in an empty directory that stands for the repository's root. What an
+earlier command writes (a run's final/ and checkpoints/, an export, a prepare) is made there as an empty stand-in,
+and so is what the reader brings, named per page in `PRIOR` of tests/helpers/doc_commands.py (README's
+`runs/my-run`: a run of your own); any other path does not exist, so a command reading what nothing made is refused.
+Stand-ins are checked for existence only; what is in them is the `bash run` blocks' to show. A Hub id is checked for
+its form, not looked up. What a page writes, no other page names (following two pages never mixes two runs).
+
+Also: `json check` blocks through the ds_config reader, `python check` blocks compile and import what exists; the
+commands BENCHMARKS.md's sections record are checked the same way; every flag the pages, BENCHMARKS.md,
+examples/README.md, the example scripts' usage lines and CHANGELOG.md name is one some parser defines (CHANGELOG.md
+may name an old flag or module path in an entry that says it was renamed or removed); every relative link resolves,
+to the heading its anchor names; every BENCHMARKS.md section a page or a code comment cites by key exists; and the
+README stays a landing page."""
 
 from __future__ import annotations
 
 import argparse
 import ast
 import dataclasses
+import fnmatch
 import importlib
 import importlib.util
 import io
+import itertools
 import json
 import re
 import shlex
-import sys
 import tokenize
 from pathlib import Path
 
 import pytest
-import yaml
 from helpers.common import DEBUG_CPU, ROOT
+from helpers.doc_commands import PRIOR, check, checking, shared_directories, stand_in, top_directory
 
-from adaptive_ds import data
-from adaptive_ds.cli import COMMANDS
 from adaptive_ds.presets import PRESETS
 from adaptive_ds.training import arguments
-from adaptive_ds.training.arguments import ConfigError, parse
+from adaptive_ds.training.arguments import parse
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINKED = [*PAGES, ROOT / "CHANGELOG.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "examples").glob("*.md"))]
@@ -36,8 +48,6 @@ BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
 SECTIONS = set(re.findall(r"^<!-- ([\w:.+-]+) -->$", BENCHMARKS, flags=re.M)) - {"settings"}
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```$", flags=re.S | re.M)
 LANGUAGES = {"bash": ("run", "check"), "json": ("check",), "python": ("check",), "text": ()}
-# The shell's own words a page may use beside the commands it shows.
-SHELL = {"mkdir", "export", "cd"}
 
 
 def _blocks(path: Path) -> list[tuple[str, str, str, int]]:
@@ -61,173 +71,6 @@ def _tagged(tag: str, language: str = "bash") -> list:
     """The blocks of that language and tag in README.md and docs/, each a pytest param named by its place."""
     return [pytest.param(body, id=f"{p.relative_to(ROOT)}:{line}") for p in PAGES for lang, t, body, line in _blocks(p)
             if lang == language and t == tag]
-
-
-class _Parsed(Exception):
-    """Raised instead of running a command, once its parser has accepted the arguments."""
-
-
-@pytest.fixture
-def parse_only(monkeypatch, tmp_path):
-    """Every argparse parser stops after parsing (a tool's main then runs nothing), in an empty directory (so that a
-    command which did run could not touch the checkout); data named by a command is not required to exist."""
-    original = argparse.ArgumentParser.parse_args
-
-    def parse_args(self, args=None, namespace=None):
-        raise _Parsed(original(self, args, namespace))
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
-    monkeypatch.setattr(data, "source_problems", lambda source: [])  # imported by arguments.validate when it runs
-    monkeypatch.setattr(arguments, "init_from_check", lambda settings, preset_named: (None, []))  # nor --init_from's
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["check"])
-
-
-def _train(argv: list[str], world_size: int) -> None:
-    """A training command's arguments through the run's own parse and validation (ds_config included)."""
-    with pytest.raises(_Parsed) as parsed:  # the run's own parser accepts the flags
-        parse(argv, world_size)
-    namespace = parsed.value.args[0]
-    with pytest.MonkeyPatch.context() as patch:  # then the run's checks, on what it parsed
-        patch.setattr(arguments, "build_parser", lambda: _Replay(namespace))
-        parse(argv, world_size)
-
-
-class _Replay:
-    """A parser that returns what the real one parsed (so that `parse` validates it without parsing again)."""
-
-    def __init__(self, namespace):
-        self.namespace = namespace
-
-    def parse_args(self, argv):
-        return self.namespace
-
-
-def _tool(module: str, argv: list[str], **kwargs) -> None:
-    with pytest.raises(_Parsed):
-        importlib.import_module(module).main(argv, **kwargs)
-
-
-def _launched(launcher: list[str]) -> tuple[list[str], int]:
-    """The training arguments and world size of a launcher command, its own options read by its own parser."""
-    name = Path(launcher[0]).name
-    if name == "torchrun":
-        from torch.distributed.run import get_args_parser
-
-        with pytest.raises(_Parsed) as parsed:
-            get_args_parser().parse_args(launcher[1:])
-        args = parsed.value.args[0]
-        nodes = int(str(args.nnodes).split(":")[-1])
-        return [args.training_script, *args.training_script_args], nodes * int(args.nproc_per_node)
-    if name == "deepspeed":
-        from deepspeed.launcher.runner import parse_args
-
-        with pytest.raises(_Parsed) as parsed:
-            parse_args(launcher[1:])
-        args = parsed.value.args[0]
-        # the hostfile the docs describe: two nodes of 4 slots
-        world = 8 if "--hostfile" in launcher else max(args.num_gpus, 1)
-        return [args.user_script, *args.user_args], world
-    if name == "accelerate":
-        from accelerate.commands.launch import launch_command_parser
-
-        assert launcher[1] == "launch", launcher
-        with pytest.raises(_Parsed) as parsed:
-            launch_command_parser().parse_args(launcher[2:])
-        args = parsed.value.args[0]
-        script_args = list(args.training_script_args)
-        world = args.num_processes
-        if args.config_file:
-            config = yaml.safe_load((ROOT / args.config_file).read_text())
-            world = world or config["num_processes"]
-            if "--ds_config" not in script_args:  # train.py takes it from the plugin's config file
-                script_args = ["--ds_config", config["deepspeed_config"]["deepspeed_config_file"], *script_args]
-        return [args.training_script, *script_args], world or 1
-    raise AssertionError(f"not a launcher: {launcher}")
-
-
-def _submitted(words: list[str]) -> tuple[list[str], int]:
-    """The training arguments and world size (nodes x GPUs per node) of `sbatch OPTIONS SCRIPT ARGS`."""
-    at = next(i for i, word in enumerate(words) if word.endswith(".sbatch"))
-    assert words[at] == "launchers/slurm/train.sbatch", words[at]
-    options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--nodes", "-N", type=int, default=1)
-    options.add_argument("--gpus-per-node", type=int, default=1)
-    known, _ = options.parse_known_args(words[1:at])  # parse_args itself stops at the parse in parse_only
-    return words[at + 1:], known.nodes * known.gpus_per_node
-
-
-def _check(words: list[str]) -> None:
-    """One command of a `bash check` block, through the parsers that would read it."""
-    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # VAR=value before a command
-        words = words[1:]
-    head, rest = Path(words[0]).name, words[1:]
-    if head == "make":
-        targets = [w for w in rest if "=" not in w and not w.startswith("-")]
-        defined = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
-        assert targets and set(targets) <= defined, f"make {targets}: the Makefile defines {sorted(defined)}"
-        passed = [w.removeprefix("ARGS=") for w in rest if w.startswith("ARGS=")]
-        if passed:  # flags for `make train`'s training command, after the ds_config its recipe names
-            assert targets == ["train"], targets
-            recipe = re.search(r"launchers/train\.py (.*) \$\(ARGS\)", (ROOT / "Makefile").read_text()).group(1)
-            _train([*shlex.split(recipe), *shlex.split(passed[0])], 1)
-        return  # what the target runs: `make -n`, tests/integration/test_docs_commands.py
-    if head in SHELL:
-        return
-    if head == "hf":
-        assert (Path(sys.executable).parent / "hf").exists(), "the Hugging Face CLI `hf` is not installed"
-        assert rest[:2] == ["auth", "login"], rest
-        return
-    if head in ("deepspeed", "torchrun", "accelerate"):
-        script_argv, world = _launched(words)
-        assert script_argv[0] == "launchers/train.py" and (ROOT / script_argv[0]).exists(), script_argv
-        _train(script_argv[1:], world)
-        return
-    if head == "sbatch":
-        _train(*_submitted(words))
-        return
-    if head == "adaptive-ds":
-        if rest[0] == "train":
-            _train(rest[1:], 1)
-        else:
-            _tool(COMMANDS[rest[0]].module, rest[1:])
-        return
-    assert head.startswith("python"), f"no check for the command {words}"
-    if rest[0] == "-c":
-        compile(rest[1], "<command>", "exec")
-        return
-    if rest[0] == "-m":
-        module, argv = rest[1], rest[2:]
-        if module == "pytest":
-            for word in argv:
-                if not word.startswith("-") and "/" in word:
-                    assert (ROOT / word.split("::")[0]).exists(), word
-            marks = " ".join(argv[argv.index("-m") + 1:argv.index("-m") + 2]) if "-m" in argv else ""
-            for mark in set(re.findall(r"\w+", marks)) - {"not", "and", "or"}:
-                assert mark in ("slow", "gpu"), mark
-            return
-        if module == "adaptive_ds.training":
-            _train(argv, 1)
-            return
-        spec = importlib.util.find_spec(module)
-        assert spec is not None, module
-        if spec.submodule_search_locations:
-            module = f"{module}.__main__"
-        source = Path(importlib.util.find_spec(module).origin).read_text()
-        if "def main(" not in source:  # an alias module (or a package's __main__): it runs another module's main
-            target = re.search(r"from ([\w.]+) import main", source).group(1)
-            module = importlib.util.resolve_name(target, module.rpartition(".")[0])
-        _tool(module, argv)
-        return
-    script = rest[0]
-    if script == "launchers/train.py":
-        _train(rest[1:], 1)
-    elif script.endswith("/checkpoints/zero_to_fp32.py"):
-        _tool("adaptive_ds.training.checkpoint.consolidate", rest[1:])
-    elif script.endswith("/checkpoints/zero_to_torch.py"):
-        _tool("adaptive_ds.training.checkpoint.consolidate", rest[1:], dtype_option=True)
-    else:
-        raise AssertionError(f"no check for the script {script}")
 
 
 def test_every_block_is_tagged_to_run_or_check():
@@ -281,17 +124,64 @@ def test_the_escape_check_finds_what_the_block_reader_misses(tmp_path):
                                "page.md:5: the info string 'bash check extra'"]
 
 
-@pytest.mark.parametrize("body", _tagged("check"))
-def test_each_checked_command_parses(body, parse_only):
-    for words in _commands(body):
-        _check(words)
+def _page_commands(page: Path) -> list[tuple[int, list[str]]]:
+    """(line of its block, words) of each command of the page's `bash check` and `bash run` blocks, in order."""
+    return [(line, words) for lang, tag, body, line in _blocks(page) if lang == "bash" and tag in ("check", "run")
+            for words in _commands(body)]
 
 
-@pytest.mark.parametrize("body", _tagged("run"))
-def test_each_runnable_command_parses_too(body, parse_only):
-    """What the integration test runs is first checked here, cheaply."""
-    for words in _commands(body):
-        _check(words)
+def _check_page(page: str, commands: list[tuple[int, list[str]]], directory: Path) -> tuple[list[str], str | None]:
+    """What the page's commands write, and the first that a check refuses (None: none)."""
+    written = []
+    with checking(directory, page):
+        for line, words in commands:
+            try:
+                written += check(words)
+            except (Exception, SystemExit, pytest.fail.Exception) as error:
+                return written, f"{page}:{line}: {shlex.join(words)[:200]}: {type(error).__name__}: {error}"
+    return written, None
+
+
+@pytest.fixture(scope="module")
+def checked_pages(tmp_path_factory) -> dict[str, tuple[list[str], str | None]]:
+    """Each page's commands checked once, in order, in a directory of its own (tests/helpers/doc_commands.py)."""
+    return {page.relative_to(ROOT).as_posix(): _check_page(page.relative_to(ROOT).as_posix(), _page_commands(page),
+                                                          tmp_path_factory.mktemp("page"))
+            for page in PAGES}
+
+
+@pytest.mark.parametrize("page", [p.relative_to(ROOT).as_posix() for p in PAGES if _page_commands(p)])
+def test_each_pages_commands_pass_the_tools_own_checks(page, checked_pages):
+    """The `bash check` and `bash run` blocks (what the integration test runs is checked here first, cheaply)."""
+    written, refused = checked_pages[page]
+    assert refused is None
+
+
+def test_each_page_writes_folders_no_other_page_names(checked_pages):
+    """Following two pages never puts two runs in one folder: what a page's commands write, no other page's commands
+    write or read."""
+    written = {page: paths for page, (paths, _) in checked_pages.items()}
+    # BENCHMARKS.md's commands read what docs/benchmarking.md's grids write: the record of how its sections were made
+    read = {page: list(paths) for page, paths in PRIOR.items() if page != "BENCHMARKS.md"}
+    assert shared_directories(written, read) == []
+    assert {"runs/first", "runs/tinyllama-moe", "runs/grid"} <= {top_directory(p) for ps in written.values()
+                                                                    for p in ps}
+
+
+def test_the_shared_folder_check_on_a_hand_worked_case():
+    written = {"a.md": ["runs/demo/final", "runs/demo/checkpoints/x.py", "/shared/runs/b"],
+               "b.md": ["runs/demo/final", "data/p"], "c.md": ["runs/c-out"]}
+    read = {"c.md": ["data/p/x.json.gz"], "a.md": ["runs/my-run"], "b.md": ["runs/my-run"]}
+    assert shared_directories(written, read) == ["a.md: runs/demo (also b.md)", "b.md: data/p (also c.md)",
+                                                 "b.md: runs/demo (also a.md)"]
+
+
+def test_every_prior_path_is_one_its_page_reads():
+    """A stand-in that no command of its page reads any more is dropped, not kept as a way round the check."""
+    for page, paths in PRIOR.items():
+        named = {word.replace("{seed}", "*") for word in re.findall(r"[\w./{}*?-]+", (ROOT / page).read_text())}
+        for path in paths:  # named as it is, a folder in it, or by a glob
+            assert any(fnmatch.fnmatch(path, word) or word.startswith(f"{path}/") for word in named), (page, path)
 
 
 @pytest.mark.parametrize("body", _tagged("check", "json"))
@@ -328,8 +218,9 @@ def _benchmarks_commands() -> list[str]:
 
 
 @pytest.mark.parametrize("command", _benchmarks_commands())
-def test_the_commands_benchmarks_sections_record_parse(command, parse_only):
-    _check(shlex.split(command))
+def test_the_commands_benchmarks_sections_record_pass_the_tools_own_checks(command, tmp_path):
+    with checking(tmp_path, "BENCHMARKS.md"):
+        check(shlex.split(command))
 
 
 def test_the_recorded_commands_are_found():
@@ -338,18 +229,39 @@ def test_the_recorded_commands_are_found():
     assert any("adaptive_ds.benchmark --memory" in c for c in commands)
 
 
-def test_a_wrong_flag_or_a_moved_file_fails_the_check(parse_only):
-    """What the checks exist for: a renamed flag, an unknown choice and a moved script each fail."""
-    for broken in (["python", "-m", "adaptive_ds.plan", "--preset", "b1", "--gpus_total", "8"],
-                   ["python", "launchers/train.py", "--ds_config", "ds_configs/debug_cpu.json", "--arch", "sparse"],
-                   ["deepspeed", "launchers/train.py", "--ds_config", "ds_configs/debug_cpu.json", "--steps_max", "5"],
-                   ["python", "launchers/train_old.py", "--ds_config", "ds_configs/debug_cpu.json"],
-                   ["torchrun", "--nproc_per_node", "3", "launchers/train.py", "--ds_config",
-                    "ds_configs/b7_8gpu.json"],
-                   ["sbatch", "--nodes", "3", "--gpus-per-node", "4", "launchers/slurm/train.sbatch", "--ds_config",
-                    "ds_configs/b7_8gpu.json"]):
-        with pytest.raises((SystemExit, ConfigError, AssertionError)):
-            _check(broken)
+# Each refused by the check, and the same command with that one thing right accepted (so the refusal is that thing's).
+BROKEN = [
+    ("python -m adaptive_ds.plan --preset b1 --gpu t4 --gpus_total 8", "--gpus_total", "--gpus"),
+    ("python launchers/train.py --ds_config ds_configs/debug_cpu.json --arch sparse", "sparse", "moe"),
+    ("deepspeed launchers/train.py --ds_config ds_configs/debug_cpu.json --steps_max 5", "--steps_max", "--max_steps"),
+    ("python launchers/train_old.py --ds_config ds_configs/debug_cpu.json", "train_old", "train"),
+    ("torchrun --nproc_per_node 3 launchers/train.py --ds_config ds_configs/b7_8gpu.json", "3", "8"),
+    ("sbatch --nodes 3 --gpus-per-node 4 launchers/slurm/train.sbatch --ds_config ds_configs/b7_8gpu.json", "3", "2"),
+    # past argparse: the grid's variant parser, the ds_config reader, a folder nothing made
+    ("python -m adaptive_ds.tools.grid --preset debug --tokens 100000 --variants dense moe:bogus", "bogus", "top1"),
+    ("python -m adaptive_ds.tools.plan --preset b1 --gpu t4 --ds_config ds_configs/b1_t5.json", "t5", "t4"),
+    ("python -m adaptive_ds.tools.grid --ds_config nowhere.json --seeds 1", "nowhere", "debug_cpu"),
+    ("python -m adaptive_ds.generate runs/nowhere/final hello", "nowhere", "my-run"),
+    ("python -m adaptive_ds.export runs/nowhere runs/my-run-hf", "nowhere", "my-run"),
+    ("python -m adaptive_ds.tools.loss_breakdown --models dense=runs/nowhere/final --seed 1", "nowhere", "my-run"),
+    ("python runs/nowhere/checkpoints/zero_to_fp32.py runs/nowhere/checkpoints out", "nowhere", "my-run"),
+    ("python -m adaptive_ds.tools.plan --init_from runs/nowhere/final --gpu t4", "nowhere", "my-run"),
+    ("python launchers/train.py --ds_config debug_cpu.json --init_from runs/nowhere/final", "nowhere", "my-run"),
+    ("python launchers/train.py --ds_config debug_cpu.json --data 'data/nowhere/*.json.gz'", "nowhere", "c4/en"),
+    ("python -m adaptive_ds.data.prepare --data data/nowhere/*.json.gz --out data/p", "nowhere", "c4/en"),
+]
+
+
+@pytest.mark.parametrize("command, wrong, right", BROKEN, ids=[c for c, _, _ in BROKEN])
+def test_a_wrong_flag_value_or_path_fails_the_check(command, wrong, right, tmp_path):
+    """What the checks exist for: a renamed flag, an unknown choice, a moved script, a bad variant, a ds_config or a
+    folder that does not exist each fail; the same command with that one word right passes."""
+    with checking(tmp_path, "BENCHMARKS.md"):
+        for path in ("runs/my-run/final", "runs/my-run/checkpoints/zero_to_fp32.py", "data/c4/en/c.json.gz"):
+            stand_in(path)
+        with pytest.raises((SystemExit, ValueError, AssertionError, pytest.fail.Exception)):
+            check(shlex.split(command))
+        check(shlex.split(command.replace(wrong, right)))
 
 
 def _source_flags() -> set[str]:
@@ -394,14 +306,70 @@ def _named_flags(text: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", text))
 
 
+# Every text a user reads flags in: the pages, BENCHMARKS.md, the examples' README and their scripts' usage lines.
+FLAG_TEXTS = [*PAGES, ROOT / "BENCHMARKS.md", ROOT / "examples" / "README.md"]
+# What a CHANGELOG.md entry says when it names a flag or a module path that no longer is.
+HISTORICAL = re.compile(r"\b(instead of|renamed|removed|moved|was|were|gone|replacing|no longer|refus\w*|"
+                        r"abbreviat\w*)\b")
+
+
+def _usage_lines(path: Path) -> str:
+    """The opening comment block of an example script, or its docstring: where its usage lines are."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        return ast.get_docstring(ast.parse(text)) or ""
+    return "\n".join(itertools.takewhile(lambda line: line.startswith("#"), text.splitlines()))
+
+
+def _module_exists(name: str) -> bool:
+    """A module, or a name a module holds (`adaptive_ds.AdaptiveDSConfig`)."""
+    try:
+        if importlib.util.find_spec(name) is not None:
+            return True
+    except ModuleNotFoundError:  # a package above it that is not there
+        return False
+    parent, _, attribute = name.rpartition(".")
+    return _module_exists(parent) and hasattr(importlib.import_module(parent), attribute)
+
+
+def _changelog_slips(text: str, known: set[str]) -> list[str]:
+    """Each CHANGELOG.md entry's flags that no parser defines and module paths that do not import, unless the
+    entry says they were renamed, moved or removed (an old module path that still runs, an alias, imports)."""
+    slips = []
+    for entry in re.split(r"\n(?=- |#)", text):
+        modules = set(re.findall(r"`(adaptive_ds(?:\.\w+)+)`|python -m (adaptive_ds[\w.]*)", entry))
+        gone = sorted(_named_flags(entry) - known) + sorted(
+            {name for pair in modules for name in pair if name and not _module_exists(name)})
+        if gone and not HISTORICAL.search(entry):
+            slips.append(f"{', '.join(gone)}: {entry.strip()[:80]}")
+    return slips
+
+
 def test_every_flag_a_page_names_exists(monkeypatch):
-    """A flag named in prose or in a table (not only in a checked block) is one some parser defines, so that a
-    renamed flag cannot live on in a sentence."""
+    """A flag named in prose or in a table (not only in a checked block), in the examples' usage lines, and in
+    CHANGELOG.md outside an entry that says it was renamed or removed, is one some parser defines, so that a renamed
+    flag cannot live on in a sentence."""
     known = _source_flags() | _launcher_flags(monkeypatch) | OTHER_FLAGS
-    unknown = {p.relative_to(ROOT).as_posix(): sorted(_named_flags(p.read_text()) - known) for p in PAGES}
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text() for p in FLAG_TEXTS}
+    texts |= {p.relative_to(ROOT).as_posix(): _usage_lines(p) for p in sorted((ROOT / "examples").glob("*.[ps][yh]"))}
+    unknown = {page: sorted(_named_flags(text) - known) for page, text in texts.items()}
     assert {page: flags for page, flags in unknown.items() if flags} == {}
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert _changelog_slips(changelog, known) == []
+    assert {"--section", "--max_step"} <= _named_flags(changelog) - known  # historical, in entries that say so
     assert {"--init_from", "--stages", "--report_only", "--nnodes", "--num_gpus"} <= known
     assert _named_flags("pass `--stages_all` or --max_steps, not a-b--c") - known == {"--stages_all"}
+    assert "--tokens" in _named_flags(texts["examples/compare_architectures.sh"])
+    assert "--max_new_tokens" in _named_flags(_usage_lines(ROOT / "adaptive_ds" / "generate.py"))
+
+
+def test_the_changelog_check_on_hand_worked_entries():
+    known = {"--name", "--max_steps"}
+    text = ("## 0.2\n\n- `--name` instead of `--section` for the key.\n- `--max_step 10` trained as `--max_steps 10`: "
+            "refused now.\n- New `--sections` flag,\n  and `adaptive_ds.hub` to push.\n- `python -m adaptive_ds.grid` "
+            "still runs; `adaptive_ds.tools.grid`.\n- `export.hub` (was `adaptive_ds.hub`).\n")
+    assert _changelog_slips(text, known) == ["--sections, adaptive_ds.hub: - New `--sections` flag,\n  and "
+                                             "`adaptive_ds.hub` to push."]
 
 
 def _slug(heading: str) -> str:

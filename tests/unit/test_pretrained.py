@@ -318,3 +318,17 @@ def test_an_init_from_checkpoint_saved_before_the_config_recorded_its_family_and
     check_compatible(with_new_model_fields({"model": before}), {"model": now}, "")
     with pytest.raises(CheckpointError, match="model.hidden_size"):
         check_compatible(with_new_model_fields({"model": {**before, "hidden_size": 64}}), {"model": now}, "")
+
+
+def test_an_embedded_tier_starts_from_a_folder_of_its_own_tokenizer_and_no_other():
+    """The data's tokenizer must be the folder's: a run's final/ on the embedded corpus (tests/fixtures/final, trained
+    on its base tier) continues on that tier; the hard tier, whose tokenizer is another, is refused in one line that
+    says what to start from."""
+    from adaptive_ds.data.tokenizer import embedded_tokenizer
+
+    source = Source.open(str(FIXTURES / "dense"))
+    source.check_tokenizer(embedded_tokenizer(), "embedded")
+    with pytest.raises(ValueError) as error:
+        source.check_tokenizer(embedded_tokenizer("hard"), "embedded:hard")
+    _one_line([str(error.value)], "is not the tokenizer of init_from", "embedded:hard has its own tokenizer",
+              "the final/ of a run on embedded:hard")

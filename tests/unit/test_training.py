@@ -124,3 +124,26 @@ def test_every_process_builds_deepspeeds_ops_with_the_environments_ninja(monkeyp
     assert os.environ["PATH"] == f"{bin_dir}:/usr/bin:/bin"
     use_this_environments_ninja()  # already first: unchanged
     assert os.environ["PATH"] == f"{bin_dir}:/usr/bin:/bin"
+
+
+def test_the_summary_line_counts_tokens_and_seconds_over_one_span():
+    """After a resume the tokens are the whole run's and the seconds this start's: the line says how many of the
+    tokens this start trained in them (600 steps of 4,096 tokens, resumed at 400: 819,200 in its 426 s)."""
+    from adaptive_ds.training.loop import _describe
+
+    summary = {"validation_loss": 2.5, "final_perplexity": 12.18, "tokens_seen": 2_457_600, "wall_time_s": 426.2,
+               "steps": 600, "resumed_from_step": 400}
+    assert _describe(summary) == ("validation loss 2.5000 (perplexity 12.180) after 2,457,600 tokens, 819,200 of "
+                                  "them in this start's 426 s (resumed at step 400)")
+    assert _describe({**summary, "resumed_from_step": 0}).endswith("after 2,457,600 tokens in 426 s")
+
+
+def test_a_negative_captured_share_says_what_it_means():
+    from adaptive_ds.training.loop import _describe
+
+    summary = {"validation_loss": 4.32, "final_perplexity": 75.1, "tokens_seen": 16_384, "wall_time_s": 50,
+               "steps": 4, "resumed_from_step": 0, "entropy_floor": 1.4876, "unigram_entropy": 4.1696,
+               "captured": -0.056}
+    assert _describe(summary).endswith("captured -5.6% of the learnable structure (below 0: the loss is still above "
+                                       "the unigram entropy, what knowing only the token frequencies reaches)")
+    assert _describe({**summary, "captured": 0.5}).endswith("captured 50.0% of the learnable structure")

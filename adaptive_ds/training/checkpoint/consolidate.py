@@ -253,6 +253,13 @@ def install_scripts(checkpoint_root: str) -> None:
             raise
 
 
+def check(args: argparse.Namespace) -> None:
+    """What main checks before it reads a checkpoint: ValueError in one line."""
+    if not os.path.isdir(args.checkpoint_dir):
+        raise ValueError(f"{args.checkpoint_dir!r} is no folder; pass the folder of the checkpoint tags and `latest` "
+                         "(OUTPUT_DIR/checkpoints)")
+
+
 def main(argv: list[str] | None = None, dtype_option: bool = False) -> None:
     """The scripts' command line: DeepSpeed's zero_to_fp32.py (`dtype_option`: its zero_to_torch.py, --dtype)."""
     p = argparse.ArgumentParser(description="Consolidate an adaptive_ds (DeepSpeed) checkpoint into PyTorch weights "
@@ -270,6 +277,10 @@ def main(argv: list[str] | None = None, dtype_option: bool = False) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     zero_to_fp32.debug = args.debug
+    try:
+        check(args)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
     try:
         convert_zero_checkpoint_to_state_dict(args.checkpoint_dir, args.output_dir,
                                               dtype=args.dtype if dtype_option else torch.float32,
