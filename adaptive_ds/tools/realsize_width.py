@@ -172,18 +172,18 @@ def _layers(n: int | str) -> str:
 
 def _provenance(report: dict) -> list[str]:
     counts = ", ".join(report["models"])
-    vocabulary = (f"the vocabulary of {report['vocab_size']:,} its training tokenizer has (`{report['tokenizer']}`)"
+    vocabulary = (f"the vocabulary of {report['vocab_size']:,} its training tokenizer has (`{report['tokenizer']}`; "
                   if report.get("tokenizer") == f"bpe:{report['vocab_size']}" else
-                  f"a vocabulary of {report['vocab_size']:,}")
+                  f"a vocabulary of {report['vocab_size']:,} (")
     return [
         f"Measured {report['date']} on {report['machine']} ({report['machine_memory_gib']:.1f} GiB), torch "
         f"{report['torch']}, deepspeed {report['deepspeed']}, transformers {report['transformers']}, commit "
         f"{report['commit']}: `{report['command']}`. The model: preset {report['preset']} ({report['arch']}) at its "
         f"width with {counts} layers (`--model '{{\"num_hidden_layers\": N}}'`), built as a training run builds it, "
-        f"with {vocabulary} (the embedded tokenizer the run reads is smaller; its token ids lie below it). The engine "
-        f"of `{report['ds_config']}` as configured ({_engine_words(report)}) at micro-batch {report['micro_batch']} "
-        f"without accumulation, seq {report['seq_len']}, one process on CPU: one forward and backward pass and one "
-        "optimizer step.",
+        f"with {vocabulary}the embedded tokenizer the run reads is smaller, and its token ids lie below it). The "
+        f"engine of `{report['ds_config']}` as configured ({_engine_words(report)}) at micro-batch "
+        f"{report['micro_batch']} without accumulation, seq {report['seq_len']}, one process on CPU: one forward and "
+        "backward pass and one optimizer step.",
         "",
         "The accounting without a GPU: what a GPU would hold and what the offload puts in host RAM share the "
         "machine's one RAM, so the measured peak (the process's peak resident set minus its resident set before the "
@@ -214,7 +214,8 @@ def _host_lines(report: dict) -> list[str]:
         f"({_gib(host['projected_gpu_peak_gib'])} projected on the GPU, of {host['gpu_memory_gib']:g} GiB) keeps the "
         f"offloaded optimizer's states in host RAM, {_gib(host['projected_host_gib'])} per GPU (projected). The "
         f"fitted one-RAM peak at {report['preset_layers']} layers, {_gib(host['fitted_one_ram_gib'])}, is what a "
-        "machine without a GPU needs, and more than the host needs beside a GPU, which holds part of it:", "",
+        "machine without a GPU needs, and more than the host needs beside a GPU, which holds part of it (both over the "
+        "process's resident set before the model: the runtime and the operating system need their own):", "",
         f"| host | RAM per GPU | {report['preset']} {report['arch']} on `{report['ds_config']}` |", "|---|---|---|",
         *_host_rows(report),
     ]

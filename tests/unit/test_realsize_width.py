@@ -56,7 +56,7 @@ def test_the_section_labels_each_figure_and_states_the_depth_was_not_measured():
     text = realsize.markdown(REPORT)  # the command's renderer takes both kinds of report
     assert text.startswith("Measured 2026-12-02 on x86_64 CPU") and f"`{REPORT['command']}`" in text
     assert "fp16 with dynamic loss scaling, ZeRO-2, the optimizer offloaded to CPU: DeepSpeed's CPU Adam" in text
-    assert "the vocabulary of 32,000 its training tokenizer has (`bpe:32000`)" in text
+    assert "the vocabulary of 32,000 its training tokenizer has (`bpe:32000`; the embedded tokenizer" in text
     assert "| 2 | 2,000 / 2,000 | 4.50 GiB | 0.75 GiB + 3.50 GiB = 4.25 GiB | -5.6% |" in text
     assert "| 4 | 0.25 GiB | 1.50 GiB | 2.00 GiB | 6.25 GiB |" in text
     assert "2.75 GiB + 0.88 GiB per layer (residuals: 2 layers +0.000 GiB, 4 layers +0.000 GiB)" in text
