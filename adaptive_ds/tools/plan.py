@@ -24,7 +24,7 @@ from .. import ds_config as ds_config_reader
 from ..hardware import DEVICES, GPUS
 from ..presets import ARCHITECTURES, PRESETS, model_config, parameter_counts
 from .plan_advice import advise
-from .planner import Plan, host_memory_text, plan, plan_config, plan_ds_config
+from .planner import Plan, gib_text, host_line, plan, plan_config, plan_ds_config
 
 # the planner's entry points stay importable from here, the module the command and the docs name
 __all__ = ["SCENARIOS", "Plan", "main", "plan", "plan_config", "plan_ds_config", "projections_markdown",
@@ -216,8 +216,7 @@ def format_plan(p: Plan, advice: list = (), init_from: str | None = None) -> str
         f"{p.activations_with_checkpointing_gib:.2f} GiB with",
         f"  predicted peak: {p.peak_gib:.2f} GiB of {p.gpu_memory_gib:.0f} GiB -> {p.verdict}",
     ]
-    if p.cpu_states_gib and p.runs:
-        lines.append(f"  {host_memory_text(p)}")
+    lines.append(f"  {host_line(p)}")
     if not p.runs:
         lines.append("  what runs instead (each planned again; --json prints its ds_config):" if advice else
                      "  nothing this planner can change runs: use a GPU with more memory")
@@ -251,7 +250,7 @@ def check(args: argparse.Namespace) -> None:
         pretrained.check_name(args.init_from)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False, description="Project memory, speed and cost of a preset on a GPU.")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--arch", default="dense", choices=ARCHITECTURES)
@@ -263,6 +262,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed for the projection")
     p.add_argument("--price", type=float, help="$ per GPU-hour (default: the table in adaptive_ds/hardware.py)")
     p.add_argument("--vocab_size", type=int, default=32000)
+    p.add_argument("--host_ram_gib", type=float, help="CPU RAM of each machine, in GiB, shared by the GPUs on it, "
+                                                      "where an offloaded optimizer goes (default: the usual cloud "
+                                                      "instance with --gpu, adaptive_ds/hardware.py)")
+    p.add_argument("--gpus_per_host", type=int, help="GPUs on each machine, sharing its --host_ram_gib (default: "
+                                                     "all the plan's GPUs on one machine)")
     p.add_argument("--init_from", help="plan the model a run --init_from this folder (or Hub id) trains: its shape's "
                                        "preset (--preset, if given, must agree), its vocabulary, and what --arch "
                                        "makes of it (a dense model upcycled, a Mixtral's experts)")
@@ -270,6 +274,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--write", metavar="BENCHMARKS_MD",
                    help="rewrite the validation and projection tables of this Markdown file and stop")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = _parser()
     args = p.parse_args(argv)
     try:
         check(args)
@@ -293,8 +302,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.init_from:  # what the folder fixes, under the block's own model overrides
             block = raw.get("adaptive_ds", {})
             raw = {**raw, "adaptive_ds": {**block, "model": {**init_model, **block.get("model", {})}}}
+        gpus = args.gpus or ds_config_reader.read(raw).implied_world_size() or 1  # as plan_ds_config counts them
         options = dict(tokens=args.tokens, mfu=args.mfu, price=args.price, vocab_size=args.vocab_size,
-                       seq_len=seq_len)
+                       seq_len=seq_len, **host_options(args.host_ram_gib, args.gpus_per_host, gpus))
         result = plan_ds_config(args.preset, args.arch, args.gpu, raw, args.gpus, **options)
         advice = advise(args.preset, args.arch, args.gpu, raw, args.gpus, **options)
     except ValueError as error:  # a ConfigError, or a model configuration the preset cannot take
@@ -306,6 +316,24 @@ def main(argv: list[str] | None = None) -> None:
         print(format_plan(result, advice, args.init_from))
     if not math.isfinite(result.peak_gib):
         raise SystemExit("error: the plan is not finite")
+
+
+def host_options(host_ram_gib: float | None, gpus_per_host: int | None, gpus: int) -> dict:
+    """The plan's host RAM per GPU from a machine's RAM a user gives (`--host_ram_gib`), shared by the GPUs on it
+    (`--gpus_per_host`, default: all the plan's `gpus` on one machine); none given: the usual host's (no options).
+    Bad figures are refused in one line."""
+    if gpus_per_host is not None and host_ram_gib is None:
+        raise ValueError("--gpus_per_host divides --host_ram_gib among a machine's GPUs: pass --host_ram_gib too")
+    if gpus_per_host is not None and gpus_per_host < 1:
+        raise ValueError(f"--gpus_per_host {gpus_per_host}: the GPUs on each machine, a positive count")
+    if host_ram_gib is None:
+        return {}
+    if not (math.isfinite(host_ram_gib) and host_ram_gib > 0):
+        raise ValueError(f"--host_ram_gib {host_ram_gib}: the CPU RAM of each machine in GiB, a positive number "
+                         "(e.g. 12.7)")
+    sharing = gpus_per_host or gpus
+    return {"host_memory_gib": host_ram_gib / sharing,
+            "host_detail": f"--host_ram_gib {gib_text(host_ram_gib)} shared by {sharing} GPU{'s' * (sharing > 1)}"}
 
 
 def init_from_model(name: str, arch: str, preset: str | None) -> tuple[str | None, int, dict, int]:

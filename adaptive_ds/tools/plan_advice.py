@@ -17,7 +17,8 @@ The routes, each offering the least change of its kind that runs (or nothing):
 - a smaller preset: the largest that fits.
 
 "Runs" is the planner's judgement (`Plan.runs`): the predicted peak fits the GPU, the offloaded optimizer fits the
-host RAM per GPU of the usual instance with that GPU (`adaptive_ds/hardware.py`), and DeepSpeed accepts the layout.
+host RAM per GPU (of the usual instance with that GPU, `adaptive_ds/hardware.py`, or the host given: `plan`'s
+`host_memory_gib`, which every advised config is planned with again), and DeepSpeed accepts the layout.
 The other routes combine only with savings that do not already make the plan run on the same GPUs by themselves.
 """
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from .. import ds_config as ds_config_reader
 from ..models.configuration import AdaptiveDSConfig
 from ..presets import PRESETS
-from .planner import Plan, host_memory_text, model_facts, plan_ds_config
+from .planner import Plan, gib_text, host_memory_text, model_facts, plan_ds_config
 
 MAX_GPUS = 4096  # the most GPUs advice considers for a config that does not fix its global batch
 
@@ -45,7 +46,7 @@ class Advice:
     ds_config: dict
     gpus: int
     plan: Plan  # the ds_config planned again: it runs
-    host_memory_gib: float | None = None  # CPU RAM per GPU it needs beyond the usual host's (None: the usual host)
+    host_memory_gib: float | None = None  # CPU RAM per GPU it needs beyond the host's (None: the plan's host)
 
     @property
     def text(self) -> str:
@@ -230,11 +231,11 @@ def _larger_host(start: _Start, base: Plan) -> Advice | None:
         return None
     needed = float(math.ceil(base.cpu_states_gib))
     again = plan_ds_config(start.preset, start.arch, start.gpu, start.ds_config, start.gpus,
-                           **{**start.options, "host_memory_gib": needed})
+                           **{**start.options, "host_memory_gib": needed, "host_detail": None})
     if not again.runs:
         return None
-    return Advice([f"a host with at least {needed:.0f} GiB of CPU RAM per GPU (the usual {start.gpu} host has "
-                   f"{usual:.0f})"], start.ds_config, start.gpus, again, needed)
+    return Advice([f"a host with at least {needed:.0f} GiB of CPU RAM per GPU ({base.host_label} has "
+                   f"{gib_text(usual)})"], start.ds_config, start.gpus, again, needed)
 
 
 def _parameters(n: int) -> str:

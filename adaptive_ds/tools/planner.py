@@ -8,7 +8,9 @@ Everything here is a projection from a stated model, not a measurement:
   DeepSpeed's ZeRO optimizer (fp32 master copy, fp32 gradient partition, Adam's two moments), divided over
   the data-parallel ranks as the ZeRO stage partitions them (1: optimizer, 2: + gradients, 3: + weights);
   experts are split over `ep_size` first and their states partitioned over the remaining data-parallel ranks;
-  offloaded optimizer states (ZeRO-Offload) sit in CPU RAM instead;
+  offloaded optimizer states (ZeRO-Offload) sit in CPU RAM instead, beside the copy of the partition in the training
+  precision that the offload stages the updated weights through, and one gradient buffer of the largest parameter's
+  size on each side (`state_bytes`, `largest_parameter`);
 - activations per token and layer, counted from the block's saved tensors (half precision bytes): attention
   8h + 4kv (norm input and output, q/k/v, attention output; SDPA keeps no score matrix), SwiGLU 4h + 8f
   (norm input and output, gate, up, silu, product); an MoE MLP stores k expert passes; a MoD-routed block
@@ -19,7 +21,8 @@ Everything here is a projection from a stated model, not a measurement:
   dense TFLOP/s / FLOPs per token, and a projection at a stated MFU.
 
 Whether a plan runs: its peak fits the GPU's memory, its offloaded optimizer states fit the CPU RAM per GPU of
-the usual instance with that GPU (`adaptive_ds/hardware.py`), and DeepSpeed takes the layout (no MoE under ZeRO-3,
+the host (by default the usual instance with that GPU, `adaptive_ds/hardware.py`; or the machine's RAM a user gives,
+shared by the GPUs on it: `HostRam`), and DeepSpeed takes the layout (no MoE under ZeRO-3,
 an expert-parallel group that divides the GPUs). What runs instead of one that does not:
 `adaptive_ds.tools.plan_advice`.
 """
@@ -65,35 +68,64 @@ def expert_parameters(config: AdaptiveDSConfig) -> int:
                                                           range(config.num_hidden_layers)))
 
 
-def model_state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int,
-                      optimizer_step: bool = True) -> tuple[float, float]:
-    """(GPU bytes, CPU bytes) of weights, gradients and optimizer states on one rank, for `total` parameters of which
-    `experts` are split over `ep_size` ranks.
+@dataclass(frozen=True)
+class StateBytes:
+    """One rank's model states in bytes, by what holds them and from when."""
+
+    weights: float  # the weights in the training precision (on the GPU)
+    gradients: float  # their gradients (on the GPU)
+    optimizer: float  # ZeRO's optimizer state from initialisation (in CPU RAM when offloaded)
+    moments: float  # what the first optimizer step adds to it (Adam's moments; without offload, the grad partition)
+    offloaded: bool  # the optimizer state sits in CPU RAM (ZeRO-Offload)
+
+
+def state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int) -> StateBytes:
+    """One rank's model states, for `total` parameters of which `experts` are split over `ep_size` ranks.
 
     Per parameter: the weights and their gradients in the training precision; DeepSpeed's ZeRO optimizer then
-    keeps an fp32 master copy, an fp32 gradient partition and Adam's two moments (16 bytes), whatever the
-    precision. Without ZeRO, fp32 training keeps only Adam's moments beside the weights. `optimizer_step` False:
-    before the first step, when DeepSpeed has made its fp32 master copy (at initialisation) but neither the gradient
-    partition nor Adam's moments (torch's Adam makes them at its first step): 4 bytes of optimizer state.
-    """
-    # (parameters on this rank, ranks sharing their ZeRO partitions)
-    groups = [(total - experts, gpus), (experts / ep_size, max(1, gpus // ep_size))]
+    keeps an fp32 master copy from initialisation, and at the first step an fp32 gradient partition and Adam's two
+    moments (16 bytes in all), whatever the precision. Offloaded (DeepSpeed's stage_1_and_2.py with `cpu_offload`),
+    the gradient partition is made at initialisation too, beside a copy of the partition in the training precision
+    through which the updated weights go back to the GPU (`param_buffer_of_bit16_for_cpu_offload_groups`): 18 bytes
+    in half precision. Without ZeRO, fp32 training keeps only Adam's moments beside the weights, made at the step
+    (torch's Adam makes its state lazily)."""
+    groups = [(total - experts, gpus), (experts / ep_size, max(1, gpus // ep_size))]  # (parameters, ZeRO ranks)
     w = g = 2 if layout.half_precision else 4
-    zero_copy = layout.zero_stage >= 1 or layout.half_precision
-    if optimizer_step:
-        opt = 16 if zero_copy else 8
+    if not (layout.zero_stage >= 1 or layout.half_precision):
+        at_init, at_step = 0, 8
+    elif layout.offload_optimizer:
+        at_init, at_step = 4 + 4 + w, 8
     else:
-        opt = 4 if zero_copy else 0
-    gpu = cpu = 0.0
+        at_init, at_step = 4, 12
+    weights = gradients = optimizer = moments = 0.0
     for params, dp in groups:
-        gpu += params * w / (dp if layout.zero_stage >= 3 else 1)
-        gpu += params * g / (dp if layout.zero_stage >= 2 else 1)
-        optimizer = params * opt / (dp if layout.zero_stage >= 1 else 1)
-        if layout.offload_optimizer:
-            cpu += optimizer
-        else:
-            gpu += optimizer
-    return gpu, cpu
+        weights += params * w / (dp if layout.zero_stage >= 3 else 1)
+        gradients += params * g / (dp if layout.zero_stage >= 2 else 1)
+        share = params / (dp if layout.zero_stage >= 1 else 1)
+        optimizer += share * at_init
+        moments += share * at_step
+    return StateBytes(weights, gradients, optimizer, moments, layout.offload_optimizer)
+
+
+def model_state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int,
+                      optimizer_step: bool = True) -> tuple[float, float]:
+    """(GPU bytes, CPU bytes) of weights, gradients and optimizer states on one rank (`state_bytes`).
+    `optimizer_step` False: before the first step, when the optimizer holds only what initialisation makes."""
+    states = state_bytes(total, experts, ep_size, layout, gpus)
+    optimizer = states.optimizer + (states.moments if optimizer_step else 0)
+    gpu = states.weights + states.gradients
+    return (gpu, optimizer) if states.offloaded else (gpu + optimizer, 0.0)
+
+
+def largest_parameter(config: AdaptiveDSConfig) -> int:
+    """The elements of the model's largest parameter tensor: an embedding, or one projection of a block (an expert
+    is a module of its own). ZeRO-Offload keeps a gradient buffer of this size in the training precision in CPU RAM
+    and another on the GPU (`temp_grad_buffer_for_cpu_offload`, `..._gpu_offload`)."""
+    h = config.hidden_size
+    widths = [config.intermediate_size, config.num_attention_heads * config.head_dim]
+    if config.num_moe_layers:
+        widths += [config.expert_intermediate_size, config.shared_intermediate_size]
+    return max(config.vocab_size * h, *(h * width for width in widths))
 
 
 def _torch_adam_step_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int) -> float:
@@ -191,7 +223,9 @@ class Plan:
     peak_gib: float
     gpu_memory_gib: float
     fits: bool  # the predicted peak fits the GPU's memory
-    host_memory_gib: float | None  # CPU RAM per GPU of the usual instance with this GPU (adaptive_ds/hardware.py)
+    host_memory_gib: float | None  # CPU RAM per GPU of the host (default: the usual one, adaptive_ds/hardware.py)
+    host_label: str  # which host that is: the usual one with this GPU, the one a user gave, or an advised one
+    host_detail: str | None  # what it is: the usual instance, or where the given figure comes from
     problems: list[str]  # what else stops it running as planned (DeepSpeed refuses the layout, the host is short)
     flops_per_token: float
     tokens_per_s_bound: float
@@ -219,31 +253,33 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
          mfu: float = 0.35, price: float | None = None, vocab_size: int = 32000,
          activation_checkpointing: bool = False, model_overrides: dict | None = None,
          cpu_process: bool = False, host_memory_gib: float | None = None, seq_len: int | None = None,
-         optimizer_step: bool = True) -> Plan:
-    """`cpu_process`: predict a CPU process's peak resident memory instead of a GPU allocator's peak. It adds the
-    copy of the weights that exists while DeepSpeed flattens them into its contiguous buffer (a GPU allocator frees
-    it before the training peak, but the C allocator keeps it in the process) and the temporaries of torch's AdamW
-    step, the CPU's optimizer (`_torch_adam_step_bytes`). `host_memory_gib`: the CPU RAM
-    per GPU of the machine (default: the usual instance with that GPU, `adaptive_ds/hardware.py`). `preset` None:
-    a model of no preset's shape, which `model_overrides` then describe, at `seq_len` (default: the preset's).
-    `optimizer_step` False: the peak of a forward and backward pass before the first optimizer step
-    (`model_state_bytes`)."""
+         optimizer_step: bool = True, host_detail: str | None = None) -> Plan:
+    """`cpu_process`: predict a CPU process's peak resident memory instead of a GPU allocator's peak
+    (`_cpu_process_bytes`); the offloaded states are then in the same memory, and `peak_gib` holds them too.
+    `host_memory_gib`: the CPU RAM per GPU of the machine (default: the usual instance with that GPU,
+    `adaptive_ds/hardware.py`); `host_detail`: where a given figure comes from, in words (the plan then names it
+    "the host given", else "the host": an advised one). `preset` None: a model of no
+    preset's shape, which `model_overrides` then describe, at `seq_len` (default: the preset's). `optimizer_step`
+    False: the peak of a forward and backward pass before the first optimizer step (`model_state_bytes`)."""
     seq_len = _seq_len(preset, seq_len)
     model = model_facts(preset, arch, vocab_size, model_overrides, seq_len)
     config, counts = model.config, model.counts
     layout = Layout.from_ds_config(ds_config, activation_checkpointing)
     ep_size = config.expert_parallel_size
     states_gpu, states_cpu = model_state_bytes(counts.total, model.experts, ep_size, layout, gpus, optimizer_step)
-    if cpu_process:
-        states_gpu += counts.total * (2 if layout.half_precision else 4)
-        if optimizer_step:
-            states_gpu += _torch_adam_step_bytes(counts.total, model.experts, ep_size, layout, gpus)
+    staging = largest_parameter(config) * (2 if layout.half_precision else 4) if layout.offload_optimizer else 0
+    states_cpu += staging  # the offload's gradient buffer in CPU RAM (its GPU twin: `_cpu_process_bytes`)
     without = activation_bytes(config, layout, seq_len, checkpointing=False)
     with_ckpt = activation_bytes(config, layout, seq_len, checkpointing=True)
     activations = with_ckpt if activation_checkpointing else without
     peak = (states_gpu + activations) / GIB
+    if cpu_process:
+        adam = (_torch_adam_step_bytes(counts.total, model.experts, ep_size, layout, gpus)
+                if optimizer_step and not layout.offload_optimizer else 0)
+        states = state_bytes(counts.total, model.experts, ep_size, layout, gpus)
+        peak = _cpu_process_bytes(states, activations, staging, optimizer_step, adam) / GIB
     device = DEVICES[gpu]
-    host = host_memory_gib if host_memory_gib is not None else device.host_memory_gib
+    host, host_label, host_detail = _host(gpu, host_memory_gib, host_detail)
     price = price if price is not None else device.price_per_hour
     if price is None:
         raise ConfigError(f"no $/hour is known for {gpu} (adaptive_ds/hardware.py); pass --price")
@@ -256,15 +292,47 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
                 activations_gib=activations / GIB, activations_without_checkpointing_gib=without / GIB,
                 activations_with_checkpointing_gib=with_ckpt / GIB, peak_gib=peak,
                 gpu_memory_gib=device.memory_gib, fits=peak <= device.memory_gib,
-                host_memory_gib=host, problems=_problems(config, layout, gpus, gpu, states_cpu / GIB, host),
+                host_memory_gib=host, host_label=host_label, host_detail=host_detail,
+                problems=_problems(config, layout, gpus, states_cpu / GIB, host,
+                                   host_words(host, host_label, host_detail)),
                 flops_per_token=model.flops_per_token,
                 tokens_per_s_bound=bound, tokens_per_s_projected=projected, mfu=mfu, tokens=tokens, hours=hours,
                 cost_usd=hours * gpus * price, price_per_gpu_hour=price, seq_len=seq_len,
                 optimizer_step=optimizer_step)
 
 
-def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, gpu: str, cpu_gib: float,
-              host: float | None) -> list[str]:
+def _host(gpu: str, host_memory_gib: float | None, detail: str | None) -> tuple[float | None, str, str | None]:
+    """The host RAM per GPU a plan assumes, its name and its detail: the usual instance with that GPU unless
+    given."""
+    if host_memory_gib is not None:
+        return host_memory_gib, "the host given" if detail else "the host", detail
+    device = DEVICES[gpu]
+    return device.host_memory_gib, f"the usual {gpu} host", device.host_instance
+
+
+def _cpu_process_bytes(states: StateBytes, activations: float, staging: float, optimizer_step: bool,
+                       torch_adam_step: float) -> float:
+    """A CPU process's peak resident bytes, its "GPU" and its host one memory.
+
+    Without offload the states peak together: the weights, the gradients and the optimizer state, the copy of the
+    weights made while DeepSpeed flattens them into its contiguous buffer (a GPU allocator frees it before the
+    training peak, but the C allocator keeps it in the process) and the temporaries of torch's AdamW step, the CPU's
+    optimizer (`torch_adam_step` bytes).
+
+    Offloaded (ZeRO-Offload, DeepSpeed's CPU Adam), the process holds from initialisation the weights, the host's
+    optimizer state and the offload's two gradient buffers (`staging` bytes each); then either the backward pass's
+    gradients and activations (ZeRO copies each bucket of gradients into the fp32 partition and frees it, so none is
+    left at the step) or the step's Adam moments, whichever is larger: CPU Adam updates the partition in place, and
+    makes no temporaries. The flatten copy, made and freed at initialisation, is below either."""
+    if not states.offloaded:
+        held = states.weights + states.gradients + states.optimizer + states.weights + activations
+        return held + (states.moments + torch_adam_step if optimizer_step else 0)
+    held = states.weights + states.optimizer + 2 * staging
+    return held + max(states.gradients + activations, states.moments if optimizer_step else 0)
+
+
+def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, cpu_gib: float, host: float | None,
+              words: str) -> list[str]:
     """What stops a layout that fits the GPU: what DeepSpeed refuses, and a host too small for the offload."""
     found = []
     if config.zero3_problem is not None and layout.zero_stage == 3:
@@ -273,24 +341,38 @@ def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, gpu: str, cpu
     if gpus % config.expert_parallel_size:
         found.append(f"moe_ep_size {config.moe_ep_size} needs a multiple of {config.moe_ep_size} GPUs, not {gpus}")
     if host is not None and cpu_gib > host:
-        found.append(f"the offloaded optimizer needs {cpu_gib:.1f} GiB of CPU RAM per GPU, more than the "
-                     f"{_host_words(gpu, host)}")
+        found.append(f"the offloaded optimizer needs {cpu_gib:.1f} GiB of CPU RAM per GPU, more than the {words}")
     return found
 
 
-def _host_words(gpu: str, host: float) -> str:
-    device = DEVICES[gpu]
-    if host == device.host_memory_gib:
-        return f"{host:.0f} GiB per GPU of the usual {gpu} host, {device.host_instance}"
-    return f"{host:.0f} GiB per GPU of the host"
+def gib_text(value: float) -> str:
+    """A host's GiB as a person states them: whole GiB without a decimal (16), else one decimal (12.7)."""
+    return f"{round(value, 1):g}"
+
+
+def host_words(host: float | None, label: str, detail: str | None) -> str:
+    """A plan's host in words: "16 GiB per GPU of the usual t4 host, AWS g4dn.xlarge (1 GPU, 16 GiB)"."""
+    if host is None:
+        return f"{label}: none is known"
+    return f"{gib_text(host)} GiB per GPU of {label}" + (f", {detail}" if detail else "")
 
 
 def host_memory_text(p: Plan) -> str:
     """The CPU RAM a plan's offloaded optimizer needs, beside what its host has."""
     need = f"{p.cpu_states_gib:.1f} GiB of CPU RAM per GPU for the offloaded optimizer"
     if p.host_memory_gib is None:
-        return f"{need} (no usual {p.gpu} host is known: compare with the machine's)"
-    return f"{need}, of the {_host_words(p.gpu, p.host_memory_gib)}"
+        return f"{need} (no usual {p.gpu} host is known: compare with the machine's, or pass --host_ram_gib)"
+    return f"{need}, of the {host_words(p.host_memory_gib, p.host_label, p.host_detail)}"
+
+
+def host_line(p: Plan) -> str:
+    """The host RAM a plan assumes, named whether or not it offloads to it (and how to give one's own)."""
+    if p.cpu_states_gib:
+        text = host_memory_text(p)
+    else:
+        text = "nothing offloaded to CPU RAM; host assumed: " + host_words(p.host_memory_gib, p.host_label,
+                                                                            p.host_detail)
+    return f"host RAM: {text}" + ("" if p.host_label == "the host given" else " (--host_ram_gib: yours)")
 
 
 # Measured peaks. The GPU rows are an external reference (EXTERNAL_LABEL): an independent 1.10B Llama with b1's

@@ -3,6 +3,7 @@ it costs in host memory beside the planner's projection.
 
     python -m adaptive_ds.tools.realsize [--models Llama-3.2-1B Qwen2.5-0.5B SmolLM2-360M] [--seq_len 256] [--wait S]
     python -m adaptive_ds.tools.realsize --build CONFIG_JSON FOLDER
+    python -m adaptive_ds.tools.realsize --preset b1 --layers 2 4 8 --ds_config ds_configs/b1_t4.json [--seq_len 256]
 
 The published configs are tests/fixtures/published_configs/ (each with its source). `--build` makes a folder of one:
 that config, read and saved by transformers; random weights made here (seeded) in the config's dtype, saved as
@@ -23,6 +24,10 @@ It writes the JSON report `realsize_cpu.json` into --out (default: --work) and p
 a Markdown file as the section ``<!-- realsize:cpu -->`` only when --benchmarks_md names one. It needs most of the
 machine's memory: run it alone. Before each measurement it waits up to --wait seconds (default: none) for the memory
 the planner projects, and ends in one line without it.
+
+With --layers, the width mode (`realsize_width`): a preset's model at its width with those layer counts, on the
+engine of --ds_config as configured (ZeRO-Offload included), measured, fitted to a line and extrapolated to the
+preset's depth beside the planner; report `realsize_<preset>_cpu.json`, section ``<!-- realsize:<preset>:cpu -->``.
 """
 
 from __future__ import annotations
@@ -30,21 +35,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
+from ..hardware import GPUS
 from ..markdown_sections import replace_section
+from ..presets import PRESETS
+from . import realsize_width
+from .realsize_process import GIB, measure, phases_over_start, run_tool, wait_for_memory
 from .report import add_publish_arguments, check_markdown_path, commit, machine, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "tests" / "fixtures" / "published_configs"
 KEY = "realsize:cpu"
-GIB = 2**30
+__all__ = ["GIB", "build_folder", "ensure_folder", "main", "markdown", "run_benchmark", "wait_for_memory"]
 # Config fields that describe the file rather than the model: who wrote it, and its dtype's old spelling
 _WRITER_FIELDS = ("transformers_version", "torch_dtype", "dtype", "architectures", "_name_or_path")
 
@@ -97,18 +103,6 @@ def build_folder(config_path: Path, folder: Path, seed: int = 0, dtype: str | No
     return folder
 
 
-def _run(args: list[str]) -> str:
-    """Run `python -m adaptive_ds.tools.<args>` in a process of its own; its stdout. A failure ends the benchmark
-    with the process's last lines."""
-    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
-    if done.returncode == -signal.SIGKILL:  # what the kernel's out-of-memory killer sends
-        raise SystemExit(f"error: {args[0]} was killed (SIGKILL), most likely out of memory: run it alone")
-    if done.returncode:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-        raise SystemExit(f"error: {' '.join(args[:1])} failed (exit {done.returncode}):\n{tail}")
-    return done.stdout
-
-
 def ensure_folder(config_path: Path, work: Path, seed: int) -> Path:
     """The folder of the model `config_path` describes under `work` (named after the config): built unless it holds
     that config already."""
@@ -116,13 +110,8 @@ def ensure_folder(config_path: Path, work: Path, seed: int) -> Path:
     if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")) and \
             not config_differences(folder, config_path):
         return folder
-    _run(["adaptive_ds.tools.realsize", "--build", str(config_path), str(folder), "--seed", str(seed)])
+    run_tool(["adaptive_ds.tools.realsize", "--build", str(config_path), str(folder), "--seed", str(seed)])
     return folder
-
-
-def _measure(folder: Path, seq_len: int, *flags: str) -> dict:
-    out = _run(["adaptive_ds.tools.realsize_run", "--init_from", str(folder), "--seq_len", str(seq_len), *flags])
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def projection(folder: Path, seq_len: int, optimizer_step: bool) -> dict:
@@ -163,17 +152,6 @@ def _folder_facts(folder: Path) -> dict:
             "largest_tensor": largest[0], "largest_tensor_numel": largest[1]}
 
 
-def wait_for_memory(needed_gib: float, wait_s: float, poll_s: float = 10.0) -> None:
-    """Return once the machine has `needed_gib` available (other processes' memory would distort the peak, or end the
-    measurement out of memory); after `wait_s` seconds without it, end the benchmark in one line."""
-    deadline = time.monotonic() + wait_s
-    while (available := psutil.virtual_memory().available / GIB) < needed_gib:
-        if time.monotonic() >= deadline:
-            raise SystemExit(f"error: the measurement needs about {needed_gib:.1f} GiB of memory and {available:.1f} "
-                             "GiB are available: run it alone, or pass --wait SECONDS to wait for the memory")
-        time.sleep(poll_s)
-
-
 def measure_model(config_path: Path, work: Path, seq_len: int, seed: int, wait_s: float = 0.0) -> dict:
     """Build (or reuse) the folder of the model `config_path` describes, then measure it: with an optimizer step
     where the planner projects the step within this machine's memory, else forward and backward only. It waits up to
@@ -185,9 +163,7 @@ def measure_model(config_path: Path, work: Path, seq_len: int, seed: int, wait_s
     if not step:
         planned = projection(folder, seq_len, optimizer_step=False)
     wait_for_memory(planned["projected_gib"] + 0.5, wait_s)  # and the process's runtime, before the model
-    measured = _measure(folder, seq_len, *(() if step else ("--no_step",)))
-    before = measured["rss_before_model"]
-    phases = {k: (v - before) / GIB for k, v in measured["phases"].items()}
+    measured = measure("--init_from", str(folder), "--seq_len", str(seq_len), *(() if step else ("--no_step",)))
     facts = _folder_facts(folder)
     source = config_path.resolve()
     return {"source": str(source.relative_to(ROOT)) if source.is_relative_to(ROOT) else str(source), **facts,
@@ -195,8 +171,7 @@ def measure_model(config_path: Path, work: Path, seq_len: int, seed: int, wait_s
             "optimizer_step": step, "loss": measured["loss"],
             "why_no_step": None if step else (f"the planner projects {planned['projected_step_gib']:.1f} GiB for the "
                                               f"optimizer step, more than 90% of this machine's {machine_gib:.1f} GiB"),
-            "rss_before_model_gib": before / GIB, "peak_rss_gib": max(measured["phases"].values()) / GIB,
-            "measured_gib": max(phases.values()), "phases_gib": phases, **planned}
+            **phases_over_start(measured), **planned}
 
 
 def run_benchmark(configs: dict[str, Path], work: Path, seq_len: int, seed: int = 0, wait_s: float = 0.0) -> dict:
@@ -232,7 +207,10 @@ def _upcast_rows(report: dict) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    """The BENCHMARKS.md section of a report: provenance, peak memory against the planner, per phase, the upcast."""
+    """The BENCHMARKS.md section of a report: provenance, peak memory against the planner, per phase, the upcast (a
+    preset's width at a few depths: `realsize_width.markdown`)."""
+    if "preset_layers" in report:
+        return realsize_width.markdown(report)
     lines = [
         f"Measured {report['date']} on {report['machine']} ({report['machine_memory_gib']:.1f} GiB), torch "
         f"{report['torch']}, deepspeed {report['deepspeed']}, transformers {report['transformers']}, commit "
@@ -273,7 +251,16 @@ def markdown(report: dict) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False, description="Host memory of --init_from real-size folders on "
                                                                 "CPU, against the planner.")
-    p.add_argument("--models", nargs="+", default=list(published_configs()), choices=list(published_configs()))
+    p.add_argument("--models", nargs="+", choices=list(published_configs()),
+                   help="the published configs' models to measure (default: all)")
+    p.add_argument("--layers", nargs="+", type=int,
+                   help="instead: the width mode, the --preset's model with these layer counts (two or more)")
+    p.add_argument("--preset", choices=list(PRESETS), help="with --layers: the preset (default: the --ds_config's)")
+    p.add_argument("--ds_config", help="with --layers: the engine, as configured (e.g. ds_configs/b1_t4.json)")
+    p.add_argument("--vocab_size", type=int, default=32000, help="with --layers: the model's vocabulary (default: "
+                                                                   "the presets' published 32,000)")
+    p.add_argument("--gpu", default="t4", choices=GPUS, help="with --layers: the GPU whose host the report answers "
+                                                             "for (default: t4)")
     p.add_argument("--seq_len", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--work", default="runs/realsize", help="folder of the built model folders (reused)")
@@ -292,6 +279,7 @@ def check(args: argparse.Namespace) -> None:
             raise ValueError(f"--build {args.build[0]!r}: no such file; pass a model's config.json")
         return
     check_markdown_path(args.benchmarks_md)
+    _width_preset(args, _parser())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -300,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check(args)
     except ValueError as error:
-        p.error(str(error))
+        raise SystemExit(f"error: {error}") from None
     if args.build:
         config_path, folder = map(Path, args.build)
         try:
@@ -309,14 +297,46 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: --build {config_path}: {error}") from None
         print(f"built {folder}")
         return
-    published = published_configs()
-    report = run_benchmark({name: published[name] for name in args.models}, Path(args.work), args.seq_len, args.seed,
-                           args.wait)
+    preset = _width_preset(args, p)
+    if preset is not None:
+        key, heading = f"realsize:{preset}:cpu", f"A preset's width on CPU ({preset}): host memory, fitted"
+        report = realsize_width.run_width_benchmark(preset, args.ds_config, args.layers, args.seq_len,
+                                                    args.vocab_size, args.gpu, args.wait)
+    else:
+        published = published_configs()
+        key, heading = KEY, "Real-size pretrained models on CPU: host memory against the planner"
+        report = run_benchmark({name: published[name] for name in args.models or published}, Path(args.work),
+                               args.seq_len, args.seed, args.wait)
     print(markdown(report))
-    print(f"report: {write_report(args.out or args.work, KEY, report)}")
+    print(f"report: {write_report(args.out or args.work, key, report)}")
     if args.benchmarks_md:
-        replace_section(args.benchmarks_md, KEY, markdown(report), "Real-size pretrained models on CPU: host "
-                        "memory against the planner")
+        replace_section(args.benchmarks_md, key, markdown(report), heading)
+
+
+def _width_preset(args, parser: argparse.ArgumentParser) -> str | None:
+    """The preset of the width mode (None: the --models mode); flags that do not go together, or a layer count, a
+    vocabulary or a ds_config that cannot run, refused in one line (ValueError) before anything is measured."""
+    from ..ds_config import load
+
+    width_flags = [f"--{name}" for name in ("preset", "ds_config", "gpu", "vocab_size")
+                   if getattr(args, name) != parser.get_default(name)]
+    if args.layers is None:
+        if width_flags:
+            raise ValueError(f"{', '.join(width_flags)} belong to the width mode: pass --layers too")
+        return None
+    if args.models:
+        raise ValueError("--models and --layers are two modes: pass one")
+    if len(set(args.layers)) < 2 or min(args.layers) < 1:
+        raise ValueError(f"--layers {' '.join(map(str, args.layers))}: two or more distinct positive layer counts "
+                         "(a line is fitted through them)")
+    if args.vocab_size < 1 or args.seq_len < 1:
+        raise ValueError("--vocab_size and --seq_len must be positive")
+    if args.ds_config is None:
+        raise ValueError("--layers needs --ds_config: the engine to measure, e.g. ds_configs/b1_t4.json")
+    preset = args.preset or load(args.ds_config).get("adaptive_ds", {}).get("preset")
+    if preset not in PRESETS:
+        raise ValueError(f"{args.ds_config} names no preset: pass --preset ({', '.join(PRESETS)})")
+    return preset
 
 
 if __name__ == "__main__":

@@ -381,6 +381,10 @@ def _model(settings: RunSettings, problems: list[str]) -> AdaptiveDSConfig | Non
         problems.append("model field config_version is a saved config's own (what its unset fields mean), not a "
                         "setting: leave it out of --model")
         return None
+    if "vocab_size" in settings.model:
+        problems.append("model field vocab_size is the tokenizer's (its length, padded): leave it out of --model and "
+                        "choose the tokenizer (--tokenizer)")
+        return None
     valid = {f.name for f in fields(AdaptiveDSConfig)} - {"config_version"}
     unknown = sorted(set(settings.model) - valid)
     if unknown:

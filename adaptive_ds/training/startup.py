@@ -95,19 +95,22 @@ def saved_tokenizer(source, data_tokenizer):
         raise ConfigError(str(error)) from None
 
 
-def model_config_of(settings: RunSettings, source, tokenizer, saved) -> AdaptiveDSConfig:
+def model_config_of(settings: RunSettings, source, tokenizer, saved,
+                    vocab_size: int | None = None) -> AdaptiveDSConfig:
     """The model's config: the preset's shape, or --init_from's (whose tokenizer must be the data's), for the data's
     vocabulary, with the special tokens of the tokenizer the model is `saved` with and the run's --model
-    overrides."""
+    overrides. `vocab_size`: a vocabulary in place of the tokenizer's (a memory benchmark's, at a preset's published
+    size: the tokenizer's ids lie below it)."""
     tokens = dict(bos_token_id=saved.bos_token_id, eos_token_id=saved.eos_token_id,
                   pad_token_id=saved.pad_token_id)
+    vocab = vocab_size if vocab_size is not None else len(tokenizer)
     if source is None:
-        return model_config(settings.preset, settings.arch, len(tokenizer), **tokens, **settings.model)
+        return model_config(settings.preset, settings.arch, vocab, **tokens, **settings.model)
     try:
         source.check_tokenizer(tokenizer, settings.data)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    return source.model_config(settings.arch, settings.preset, len(tokenizer), **tokens, **settings.model)
+    return source.model_config(settings.arch, settings.preset, vocab, **tokens, **settings.model)
 
 
 def take_generation_config(model: AdaptiveDSForCausalLM, source) -> None:

@@ -1,15 +1,24 @@
 """The real-size benchmark's measurement, at test size: the folder built, `--init_from` it in a process of its own
 with debug_cpu.json's engine, each phase's peak recorded beside the planner's projection, and a model whose step
-the planner projects beyond the machine run forward and backward only, saying so."""
+the planner projects beyond the machine run forward and backward only, saying so. Its width mode: the debug preset at
+one and two layers on b1_t4.json's engine (fp16, ZeRO-2, CPU Adam), each in a process of its own, fitted; and the
+planner's offloaded states against the buffers DeepSpeed allocates for them."""
 
 import json
 
 import psutil
 import pytest
+import torch
+from helpers.shipped import HALF_PRECISION, needs, shipped
 from transformers import LlamaForCausalLM
 
+from adaptive_ds import distributed
+from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.presets import model_config
 from adaptive_ds.tools import realsize
 from adaptive_ds.tools.realsize import markdown, run_benchmark
+
+FP16 = HALF_PRECISION["fp16"]  # b1_t4.json
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
@@ -58,3 +67,71 @@ def test_a_folder_the_run_refuses_ends_the_benchmark_with_the_runs_line(tmp_path
     path.write_text(json.dumps({**TINY, "hidden_act": "gelu"}))
     with pytest.raises(SystemExit, match="hidden_act 'gelu'"):
         run_benchmark({"gelu": path}, tmp_path / "work", seq_len=32)
+
+
+@pytest.fixture
+def debug_on_b1_t4(tmp_path):
+    """b1_t4.json as shipped (its engine, its block's activation checkpointing) at the debug preset."""
+    config = shipped(FP16)
+    config["adaptive_ds"]["preset"] = "debug"
+    path = tmp_path / "debug_t4.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@needs("fp16")
+def test_the_width_mode_measures_each_depth_in_its_own_process_and_fits_them(debug_on_b1_t4):
+    from adaptive_ds.tools.realsize_width import run_width_benchmark
+
+    report = run_width_benchmark("debug", debug_on_b1_t4, [1, 2], seq_len=32, vocab_size=512)
+    assert list(report["models"]) == ["1", "2"] and report["preset_layers"] == 4
+    assert (report["precision"], report["loss_scale"], report["zero_stage"], report["offload_optimizer"]) == (
+        "fp16", "dynamic", 2, "cpu")
+    for n, m in report["models"].items():
+        with torch.device("meta"):  # the model a training run of that depth builds, at the vocabulary asked
+            built = AdaptiveDSForCausalLM(model_config("debug", "dense", 512, num_hidden_layers=int(n)))
+        assert m["parameters"] == m["planned_parameters"] == sum(p.numel() for p in built.parameters())
+        assert m["vocab_size"] == 512 and set(m["phases_gib"]) == {"load", "engine", "forward_backward", "step"}
+        assert m["measured_gib"] == max(m["phases_gib"].values()) > 0
+        assert m["projected_device_gib"] + m["projected_host_gib"] == pytest.approx(m["projected_gib"])
+    fit = report["fit"]
+    assert fit["layers"] == [1, 2] and fit["measured_at_preset"] is False
+    assert fit["residuals_gib"] == pytest.approx({"1": 0.0, "2": 0.0}, abs=1e-9)  # two points: on the line
+    assert fit["fitted_gib_at_preset"] == pytest.approx(fit["intercept_gib"] + 4 * fit["slope_gib_per_layer"])
+    assert report["host"]["projected_host_gib"] > 0 and "Colab (T4)" in report["host"]["hosts_gib"]
+    assert "which were **not measured**" in markdown(report)
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@needs("fp16")
+def test_the_planners_offloaded_states_are_the_buffers_deepspeed_allocates():
+    """The independent reference of `planner.state_bytes` and `largest_parameter` for b1_t4.json's engine: DeepSpeed's
+    own ZeRO-2 optimizer with CPU offload, its buffers summed after initialisation and after one step."""
+    from adaptive_ds.tools.planner import Layout, largest_parameter, state_bytes
+    from adaptive_ds.tools.realsize_run import engine_config
+    from adaptive_ds.training.engine import build_engine
+
+    distributed.init_distributed()
+    config = model_config("debug", "dense", 512, num_hidden_layers=1)
+    model = AdaptiveDSForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    ds_config = engine_config({}, FP16)
+    del ds_config["adaptive_ds"]
+    engine = build_engine(model, ds_config, warmup_steps=0, max_steps=1, min_lr_ratio=0.1)
+    zero = engine.optimizer
+    assert type(zero.optimizer).__name__ == "DeepSpeedCPUAdam"
+    states = state_bytes(params, 0, 1, Layout.from_ds_config(ds_config, False), 1)
+    masters = zero.single_partition_of_fp32_groups
+    held = _bytes(masters) + _bytes(m.grad for m in masters) + _bytes(zero.param_buffer_of_bit16_for_cpu_offload_groups)
+    assert held == pytest.approx(states.optimizer, rel=1e-2)  # ZeRO pads each group's partition for alignment
+    assert _bytes(zero.bit16_groups_flat) == pytest.approx(states.weights, rel=1e-2)
+    assert zero.temp_grad_buffer_for_cpu_offload.numel() == zero.temp_grad_buffer_for_gpu_offload.numel() == (
+        largest_parameter(config))
+    ids = torch.randint(2, 500, (1, 32))
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    moments = [v for state in zero.optimizer.state.values() for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")]
+    assert _bytes(moments) == pytest.approx(states.moments, rel=1e-2)

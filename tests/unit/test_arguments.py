@@ -72,6 +72,7 @@ def test_the_training_page_holds_the_generated_settings_table():
     ([], {"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16 and bf16 are both enabled"),
     ([], {"block": {"model": {"hidden": 3}}}, "unknown model field(s) hidden"),
     (["--model", '{"config_version": 1}'], {}, "model field config_version is a saved config's own"),
+    (["--model", '{"vocab_size": 32000}'], {}, "model field vocab_size is the tokenizer's (its length, padded)"),
     (["--gpu_memory_gib", "-1"], {}, "gpu_memory_gib must be > 0, got -1.0"),
     (["--warmup_steps", "-5"], {}, "warmup_steps must be >= 0, got -5"),
     # types of the block's values, named with what they must be
