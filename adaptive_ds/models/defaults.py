@@ -9,7 +9,7 @@ transformers are imported, and a final/ folder carries it beside the model code.
 # reads as it always did (UNVERSIONED_DEFAULTS); one of version 2 or built now gets its architecture's defaults.
 CONFIG_VERSION = 2
 
-# Each architecture's defaults (MoD: the paper's setting, 12.5% capacity in every other block, measured best in
+# Each architecture's defaults (MoD: the paper's setting, 12.5% capacity in every other block, measured in
 # BENCHMARKS.md; hybrid: that around MoE blocks that route top-1, dropless). An architecture not listed: none.
 ARCHITECTURE_DEFAULTS = {
     "dense": {},
