@@ -31,6 +31,11 @@ across seeds (`spread`) of:
   seeds could have detected at 80% power (tools/significance.py). The train losses at equal budgets are
   descriptive.
 
+The report records the data's content hash (`adaptive_ds.data.identity`: a prepared directory's token shards and
+tokenizer, the embedded generator's output, local files' bytes; none for a streamed Hub dataset), worked out once per
+invocation, and `--extend` refuses a report whose recorded hash differs from its --data's. Its section states the
+hash and the compute its runs spent (their wall times summed, in CPU- or GPU-hours: one process each).
+
 It writes the report `grid_<preset>_<data>[_<name>].json` and loss-vs-FLOPs, -seconds and -tokens PNGs (mean over
 the seeds, band min..max) into --out, and prints the Markdown tables; the tables go into a Markdown file between
 ``<!-- grid:<preset>:<data>[:<name>] -->`` markers only when --benchmarks_md names one. Nothing a user runs
@@ -54,6 +59,7 @@ import shlex
 from .. import ds_config as ds_config_reader
 from .. import pretrained
 from ..data import EMBEDDED
+from ..data.identity import data_identity
 from ..hardware import DEVICES, detect_device
 from ..markdown_sections import replace_section
 from ..presets import ARCHITECTURES, PRESETS, VARIANTS
@@ -76,13 +82,19 @@ def _device(price: float | None) -> tuple[str | None, float | None, float | None
 
 
 def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = None,
-             report_only: bool = False, extend: dict | None = None) -> dict:
+             report_only: bool = False, extend: dict | None = None, data_hash: dict | None = None) -> dict:
     """Train (or keep) every variant x seed of `spec`, then write the JSON report and the plots into `out_dir`;
     returns the report. Failed runs are listed in it; GridError when none finished. `report_only`: train nothing,
     report the runs that finished and list the others as not run. Run directories and logs are recorded relative to
     `runs_dir`. `extend`: an earlier report of this grid (`check_extension`), whose rows are kept as they are (their
     run directories need not exist) and whose budgets the new runs are read at: only the variant x seed pairs it
-    lacks train."""
+    lacks train. `data_hash`: `data_identity(spec.data)`, worked out here when not given (the command works it out
+    once for all its presets)."""
+    if data_hash is None:
+        try:
+            data_hash = data_identity(spec.data)
+        except ValueError as error:
+            raise GridError(str(error)) from None
     earlier = {(r["variant"], r["seed"]) for r in extend["runs"]} if extend else set()
     finished, failed, not_run = [], [], []
     for variant in spec.variants:
@@ -105,7 +117,8 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
     if not finished and not extend:
         raise GridError("no run finished; the first failure's log ends:\n" + failed[0]["log_tail"] if failed else
                         f"no run of this grid has finished in {runs_dir} (--report_only trains nothing)")
-    report = {**assemble(spec, finished, failed, *_device(price), extend=extend), "not_run": not_run}
+    report = {**assemble(spec, finished, failed, *_device(price), extend=extend, data_hash=data_hash),
+              "not_run": not_run}
     path = write_report(out_dir, spec.key, report)
     logger.info("grid: report %s", path)
     prefix = os.path.join(out_dir, section_stem(spec.key))
@@ -123,9 +136,10 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
 _EXTENSION_KEYS = ("preset", "data", "name", "tokens", "baseline", "variants", "ds_config", "init_from")
 
 
-def check_extension(spec: GridSpec, report: dict) -> None:
+def check_extension(spec: GridSpec, report: dict, data_hash: dict | None = None) -> None:
     """ValueError unless `report` is an earlier report of `spec`'s grid (the same settings, seeds aside) whose seeds
-    --seeds includes: adding seeds must not change what the earlier runs were."""
+    --seeds includes, and whose data hash, where it recorded one, is `data_hash`'s (the same --data path holding
+    another corpus): adding seeds must not change what the earlier runs were."""
     ours = {"preset": spec.preset, "data": spec.data, "name": spec.name, "tokens": spec.tokens,
             "baseline": spec.baseline, "ds_config": spec.ds_config, "init_from": spec.init_from,
             "variants": {v.name: {"arch": v.arch, "model": v.model, "controller": v.controller}
@@ -138,6 +152,11 @@ def check_extension(spec: GridSpec, report: dict) -> None:
     missing = sorted(set(report["seeds"]) - set(spec.seeds))
     if missing:
         raise ValueError(f"--seeds leaves out its seeds {', '.join(map(str, missing))}; name them all")
+    recorded = report.get("data_hash")
+    if recorded is not None and data_hash is not None and recorded["sha256"] != data_hash["sha256"]:
+        raise ValueError(f"its data hashed sha256 {recorded['sha256']}, --data {spec.data} now hashes "
+                         f"{data_hash['sha256']}: the new seeds would train on another corpus; restore the one it "
+                         "recorded, or run a new grid")
 
 
 def _without_seeds(command: str) -> list[str]:
@@ -150,10 +169,11 @@ def _without_seeds(command: str) -> list[str]:
 
 
 def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str | None, peak_tflops: float | None,
-             price: float | None, extend: dict | None = None) -> dict:
+             price: float | None, extend: dict | None = None, data_hash: dict | None = None) -> dict:
     """The report of a grid: `finished` holds each finished run's name (RUN_KEYS) and `load_run` record,
     `failed` each failure of `execute` with the variant and seed; `extend` an earlier report whose rows and budgets
-    it keeps (`run_grid`)."""
+    it keeps (`run_grid`); `data_hash` the data's `data_identity` (an earlier report that recorded none: its seeds
+    are listed as unchecked)."""
     # Equal-budget figures are read at what every run on the grid's own budget reached: a variant with a smaller
     # budget of its own (an iso-FLOP baseline) is compared by its validation loss, not by moving that point.
     # A from-scratch arm of a continuation grid is never read at them: its curve starts from random weights, the
@@ -175,8 +195,13 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
     trained = {k: sorted({r["trained"][k] for r in rows}) for k in ("commit", "machine", "date")}
     floors = [r["entropy_floor"] for r in rows]
     names = [v.name for v in spec.variants if any(r["variant"] == v.name for r in rows)]
+    if extend and data_hash is not None:  # seeds trained before the hash was recorded stay listed as unchecked
+        unchecked = extend["seeds"] if extend.get("data_hash") is None else extend["data_hash"].get("unchecked_seeds")
+        if unchecked:
+            data_hash = {**data_hash, "unchecked_seeds": list(unchecked)}
     return {
-        "preset": spec.preset, "data": spec.data, "data_name": spec.data_name, "name": spec.name, "tokens": spec.tokens,
+        "preset": spec.preset, "data": spec.data, "data_name": spec.data_name, "data_hash": data_hash,
+        "name": spec.name, "tokens": spec.tokens,
         "seeds": list(spec.seeds), "baseline": spec.baseline,
         "variants": {v.name: {"arch": v.arch, "model": v.model, "controller": v.controller} for v in spec.variants},
         "entropy_floor": None if None in floors else sum(floors) / len(floors), "budgets": at,
@@ -348,16 +373,19 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
     return found
 
 
-def _earlier_report(path: str, found: list[GridSpec]) -> dict:
-    """--extend's report, checked against the (one) grid it extends, before anything trains."""
+def _earlier_report(path: str, found: list[GridSpec], data_hash: dict) -> dict:
+    """--extend's report, checked against the (one) grid it extends and its data, before anything trains."""
     if len(found) != 1:
         raise SystemExit("error: --extend extends one grid: name one --preset")
     try:
         with open(path) as f:
             report = json.load(f)
-        check_extension(found[0], report)
+        check_extension(found[0], report, data_hash)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SystemExit(f"error: --extend {path}: {error}") from None
+    if "data_hash" not in report:
+        logger.warning("--extend %s: that report recorded no data hash, so its seeds' corpus cannot be checked against "
+                       "this --data; the new report lists them as unchecked", path)
     return report
 
 
@@ -384,10 +412,15 @@ def main(argv: list[str] | None = None) -> None:
         return _restate_files(args.restate, args.benchmarks_md)
     out = args.out if args.out is not None else os.path.join(args.runs, "report")
     failed = []
-    extend = _earlier_report(args.extend, found) if args.extend else None
+    try:
+        data_hash = data_identity(args.data)  # once: every preset reads the same data
+    except ValueError as error:
+        raise SystemExit(f"error: --data: {error}") from None
+    extend = _earlier_report(args.extend, found, data_hash) if args.extend else None
     for spec in found:
         try:
-            report = run_grid(spec, out, args.runs, price=args.price, report_only=args.report_only, extend=extend)
+            report = run_grid(spec, out, args.runs, price=args.price, report_only=args.report_only, extend=extend,
+                              data_hash=data_hash)
         except GridError as error:
             raise SystemExit(f"error: {error}") from None
         text = markdown(report)

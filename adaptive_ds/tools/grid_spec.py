@@ -66,6 +66,12 @@ def parse_variant(text: str) -> Variant:
     return Variant(text, entry.arch, model, controller)
 
 
+def data_name(data: str) -> str:
+    """The data in a section key or file name: embedded:hard -> embedded-hard, /x/docs.json.gz -> docs."""
+    name = data if "," in data else os.path.basename(data.rstrip("/")).split(".")[0]
+    return re.sub(r"[^a-z0-9]+", "-", (name or data).lower()).strip("-")[:40]
+
+
 @dataclass(frozen=True)
 class GridSpec:
     """What a grid trains: the same preset, data, budget and ds_config for every variant x seed."""
@@ -108,9 +114,7 @@ class GridSpec:
 
     @property
     def data_name(self) -> str:
-        """The data in a section key or file name: embedded:hard -> embedded-hard, /x/docs.json.gz -> docs."""
-        name = self.data if "," in self.data else os.path.basename(self.data.rstrip("/")).split(".")[0]
-        return re.sub(r"[^a-z0-9]+", "-", (name or self.data).lower()).strip("-")[:40]
+        return data_name(self.data)
 
     def starts_from(self, variant: Variant) -> bool:
         """Whether `variant`'s runs start from the --init_from weights (not a from-scratch arm)."""

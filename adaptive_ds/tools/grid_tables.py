@@ -14,7 +14,9 @@ import math
 
 import numpy as np
 
+from ..data.identity import describe
 from ..training.metrics import PhaseClock
+from .report import device_kind
 from .significance import ALPHA, judge, paired_t
 
 PHASES = (*PhaseClock.PHASES, "other")
@@ -217,7 +219,21 @@ def _header(report: dict) -> list[str]:
            "continuations' budgets." if report.get("init_from") else ""),
         "",
         f"Variants: {variants}.",
+        "",
+        _provenance(report),
     ]
+
+
+def _provenance(report: dict) -> str:
+    """The corpus the runs read (its hash: `adaptive_ds.data.identity`) and the compute they spent."""
+    data = describe(report.get("data_hash"))
+    unchecked = (report.get("data_hash") or {}).get("unchecked_seeds")
+    if unchecked:
+        data += (f"; seeds {', '.join(map(str, unchecked))} were trained before the data hash was recorded, so "
+                 "their corpus is unchecked")
+    hours = sum(r["wall_time_s"] for r in report["runs"]) / 3600
+    return (f"Corpus: {data}. Compute: {hours:.2f} {device_kind(report['machine'])}-hours (the wall times of its "
+            f"{len(report['runs'])} finished runs summed, one process each).")
 
 
 def _head(columns: list[str]) -> list[str]:

@@ -37,6 +37,14 @@ def machine() -> str:
     return f"{platform.machine()} CPU, {os.cpu_count()} cores, no GPU"
 
 
+def device_kind(machine_text: str) -> str:
+    """CPU or GPU for the hours a report's runs spent, as `machine` words the device; "device" where it cannot tell
+    (a run whose machine was not recorded)."""
+    if "no GPU" in machine_text:
+        return "CPU"
+    return "GPU" if re.search(r"\(\d+ GPU\)", machine_text) else "device"
+
+
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 

@@ -53,7 +53,8 @@ PRIOR: dict[str, dict[str, str]] = {
     "docs/benchmarking.md": {
         "runs/grid/dense-run/final": "a dense run of the page's first grid (the grid names it "
                                      "debug-embedded-dense-seed1-<digest>)",
-        "runs/grid/moe-run/final": "an MoE run of the same grid"},
+        "runs/grid/moe-run/final": "an MoE run of the same grid",
+        "data/text_prepared": "the docstring text, prepared as docs/data.md says"},
     "docs/checkpoints.md": {"runs/my-run": f"{_RUN} of your own", "runs/dense-run": f"{_RUN} of a dense run",
                             "runs/moe-run": f"{_RUN} of an MoE run",
                             "runs/qwen-run": f"{_RUN} of a run --init_from a Qwen2 folder"},

@@ -54,6 +54,8 @@ def _render(key: str, report: dict) -> str:
         from adaptive_ds.tools.realsize import markdown
     elif kind == "ops-build":
         from adaptive_ds.tools.build_ops import markdown
+    elif kind == "text-budget":
+        from adaptive_ds.tools.text_budget import markdown
     else:
         raise AssertionError(f"BENCHMARKS.md section {key}: no command renders a section of this kind")
     return markdown(report)

@@ -419,8 +419,8 @@ def test_the_link_check_finds_a_broken_link_and_a_wrong_anchor(tmp_path):
 
 # A key as the sections name them: KIND:part[:part...], lower case (templates such as grid:PRESET:DATA, or
 # grid:<preset>:<data>, are descriptions of a command's sections, not citations).
-KEY = re.compile(r"(?<![\w<:/-])((?:grid|throughput|generate|plan|data|loss-breakdown|acceptance):[a-z0-9_-]+"
-                 r"(?::[a-z0-9_-]+)*)(?![\w:<>])")
+KEY = re.compile(r"(?<![\w<:/-])((?:grid|throughput|generate|plan|data|loss-breakdown|acceptance|text-budget)"
+                 r":[a-z0-9_-]+(?::[a-z0-9_-]+)*)(?![\w:<>])")
 
 
 def _doc_citations() -> dict[str, set[str]]:
