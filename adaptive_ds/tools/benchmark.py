@@ -6,7 +6,8 @@
     python -m adaptive_ds.tools.benchmark --generate --cases dense mod hybrid --micro_batch 1 --trained mod=RUN/final
 
 Each case is a model at the preset, trained with real optimizer steps on the embedded corpus. Cases run in rounds in
-one process, each round every case back to back for --steps optimizer steps, after a warm-up round like them that is
+one process, each round every case back to back for --steps optimizer steps (each round starting one case later
+than the last, so that a steady drift in the machine's speed favours no case), after a warm-up round like them that is
 not counted (allocator, kernels, JIT, compilation). A case's tokens/s is the median over the rounds; a ratio of two
 cases is paired: case a's tokens/s over case b's within each round (both measured close together, under the same
 load), the median of those per-round ratios reported with their min and max. Cases: dense; moe (our index-based
@@ -197,8 +198,11 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int | None, micr
     batches = data.step_batches(0, micro_batch)
     for case in built:  # the warm-up round: allocator, kernels, JIT, compilation
         case.warmup_rate = case.run(batches, warmup)
-    for _ in range(rounds):
-        for case in built:
+    orders = []
+    for r in range(rounds):  # each round starts one case later, so a steady drift favours no case
+        order = built[r % len(built):] + built[:r % len(built)]
+        orders.append([case.name for case in order])
+        for case in order:
             case.rates.append(case.run(batches, steps))
     device = detect_device()
     peak = DEVICES[device].peak_tflops if device else None  # a CPU has no agreed peak; nor has an unknown GPU
@@ -211,7 +215,7 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int | None, micr
                    + ("" if list(cases) == list(CASES) else " --cases " + " ".join(cases)),
         "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision, "steps_per_round": steps,
         "rounds": rounds, "warmup_steps": warmup, "device": device, "peak_tflops": peak, "torch": torch.__version__,
-        "deepspeed": deepspeed.__version__, "results": results})
+        "deepspeed": deepspeed.__version__, "results": results, "round_orders": orders})
 
 
 def forget_peak_rss() -> None:
@@ -437,7 +441,8 @@ def markdown(report: dict) -> str:
         f"commit {report['commit']}: `{report['command']}`. {report['precision']}, ZeRO-1, micro-batch "
         f"{report['micro_batch']} x seq {report['seq_len']}, embedded corpus, every case through the same DeepSpeed "
         f"engine. {report['rounds']} rounds, each running every case back to back for {report['steps_per_round']} "
-        f"optimizer steps, {_warmup_text(report)}. A case's tokens/s is its median over the rounds; a ratio is "
+        f"optimizer steps{' (each round starting one case later than the last)' * bool(report.get('round_orders'))}"
+        f", {_warmup_text(report)}. A case's tokens/s is its median over the rounds; a ratio is "
         "paired: case a's tokens/s over case b's in the same round, the median of those per-round ratios, with "
         "their min and max.",
         "",
@@ -539,12 +544,13 @@ def check(args: argparse.Namespace) -> None:
     trained = dict(item.split("=", 1) for item in args.trained if "=" in item)
     if len(trained) != len(args.trained):
         raise ValueError("--trained takes CASE=FOLDER pairs, e.g. mod=runs/mod/final")
-    missing = [folder for folder in trained.values() if not os.path.isdir(folder)]
-    if missing:
+    if missing := [folder for folder in trained.values() if not os.path.isdir(folder)]:
         raise ValueError(f"--trained: no folder {', '.join(map(repr, missing))}; pass trained models' "
                          "save_pretrained folders (OUTPUT_DIR/final)")
     if args.memory and args.cases and args.cases[0] not in GENERATION_CASES:
         raise ValueError(f"--memory measures one of our models; --cases one of {', '.join(GENERATION_CASES)}")
+    if missing := [path for path in args.restate or () if not os.path.isfile(path)]:
+        raise ValueError(f"--restate {', '.join(map(repr, missing))}: no such file; pass throughput reports (JSON)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -393,6 +393,8 @@ def check(args: argparse.Namespace) -> list[GridSpec]:
     """What main checks before it trains (SystemExit in one line): with --restate, the reports and the Markdown file's
     folder; else every run's settings (`specs`), which it returns."""
     if not args.restate:
+        if args.extend and not os.path.isfile(args.extend):
+            raise SystemExit(f"error: --extend {args.extend!r}: no such file; pass the grid report (JSON) to extend")
         return specs(args)
     missing = [path for path in args.restate if not os.path.isfile(path)]
     try:

@@ -333,7 +333,8 @@ def _width_preset(args, parser: argparse.ArgumentParser) -> str | None:
         raise ValueError("--vocab_size and --seq_len must be positive")
     if args.ds_config is None:
         raise ValueError("--layers needs --ds_config: the engine to measure, e.g. ds_configs/b1_t4.json")
-    preset = args.preset or load(args.ds_config).get("adaptive_ds", {}).get("preset")
+    raw = load(args.ds_config)  # read and checked whether or not it names the preset
+    preset = args.preset or raw.get("adaptive_ds", {}).get("preset")
     if preset not in PRESETS:
         raise ValueError(f"{args.ds_config} names no preset: pass --preset ({', '.join(PRESETS)})")
     return preset

@@ -249,6 +249,10 @@ BROKEN = [
     ("python launchers/train.py --ds_config debug_cpu.json --init_from runs/nowhere/final", "nowhere", "my-run"),
     ("python launchers/train.py --ds_config debug_cpu.json --data 'data/nowhere/*.json.gz'", "nowhere", "c4/en"),
     ("python -m adaptive_ds.data.prepare --data data/nowhere/*.json.gz --out data/p", "nowhere", "c4/en"),
+    ("python -m adaptive_ds.tools.realsize --preset b1 --layers 2 4 --ds_config ds_configs/b1_t5.json", "t5", "t4"),
+    ("python -m adaptive_ds.tools.grid --seeds 1 2 3 --extend benchmarks/grid_debug_nowhere.json", "nowhere",
+     "embedded-hard"),
+    ("python -m adaptive_ds.tools.benchmark --restate benchmarks/throughput_nowhere.json", "nowhere", "debug_cpu"),
 ]
 
 

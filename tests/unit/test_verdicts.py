@@ -22,10 +22,23 @@ from adaptive_ds.tools.report import section_stem
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
 SECTION = re.compile(r"^<!-- ([\w:.+-]+) -->\n(.*?)\n<!-- /\1 -->$", flags=re.S | re.M)
 SECTIONS = dict(SECTION.findall(BENCHMARKS))
-WORDS = ("better", "worse", "beats", "best", "behind", "leads", "wins", "loses", "ahead")
-WORD = re.compile(rf"\b({'|'.join(WORDS)})\b", flags=re.I)
-MEANS = {**dict.fromkeys(("better", "beats", "best", "leads", "wins", "ahead"), "better"),
-         **dict.fromkeys(("worse", "behind", "loses"), "worse")}
+# The issue's nine words and their other forms ("beat", "won", "lost to", "worst", "outperforms", "trails"), each
+# with the verdict it states about the sentence's subject ("lose" and "lost" only with "to": a run loses steps, a
+# node is lost).
+FORMS = {"better": r"better", "worse": r"worse|worst", "beats": r"beat|beats|beating|beaten",
+         "best": r"best", "behind": r"behind|trails|trailing", "leads": r"leads|leading|led",
+         "wins": r"wins?|winning|winners?|won|outperform(?:s|ed|ing)?", "loses": r"loses|(?:lose|lost|losing) to",
+         "ahead": r"ahead"}
+WORDS = tuple(FORMS)
+WORD = re.compile(rf"\b({'|'.join(FORMS.values())})\b", flags=re.I)
+_BETTER = ("better", "beats", "best", "leads", "wins", "ahead")
+
+
+def _means(word: str) -> str:
+    """The verdict a verdict word's form states: 'better' or 'worse'."""
+    form = next(name for name, pattern in FORMS.items() if re.fullmatch(pattern, word, flags=re.I))
+    return "better" if form in _BETTER else "worse"
+
 FIGURE = re.compile(r"(?<![\w.])([+-]\d+\.\d+ ± \d+\.\d+)")
 # a figure and the verdict written right after it: "+0.0220 ± 0.0019 worse", "-0.0968 ± 0.0339, a tie"
 FIGURE_VERDICT = re.compile(FIGURE.pattern + r"(?:,\s*a)?\s+(tie|better|worse)\b")
@@ -44,6 +57,8 @@ NOT_COMPARATIVE = [
     ("docs/data.md", "each preparing up to 4 steps ahead", "a data loader's prefetch"),
     ("docs/data.md", "too large to tokenize ahead", "tokenizing before training"),
     ("docs/training.md", "A restart loses the steps since the last checkpoint", "what a restart costs"),
+    ("docs/architectures.md", "earlier tokens win", "which token DeepSpeed's capacity rule keeps"),
+    ("adaptive_ds/presets.py", "win over both", "which setting takes precedence"),
 ]
 
 
@@ -139,9 +154,10 @@ def _problems(text: str, where: str, cells: dict[str, list[dict]] = CELLS) -> li
     figure followed by a verdict that is not its section's."""
     problems = []
     for unit in _units(text):
-        keys, judged = _cited(unit, cells), set()
+        keys, judged, spent = _cited(unit, cells), set(), set()
         for match in FIGURE_VERDICT.finditer(unit):
             judged.add(match.start(2))
+            spent.add(match.start(1))
             if why := _backs(match.group(1), match.group(2), keys, cells):
                 problems.append(f"{where}: {why}: {unit[:100]}")
         for match in WORD.finditer(unit):
@@ -150,9 +166,13 @@ def _problems(text: str, where: str, cells: dict[str, list[dict]] = CELLS) -> li
             quoted = before and before in "'\"`" and after == before
             if start in judged or quoted or _allowed(unit, start, where):
                 continue
-            figures = FIGURE.findall(unit[:start])
-            why = (_backs(figures[-1], MEANS[word], keys, cells) if figures
-                   else "no figure d ± s before it")
+            figures = list(FIGURE.finditer(unit[:start]))
+            if figures and figures[-1].start() in spent:  # one figure backs one word: the next needs its own
+                why = "its figure already backs an earlier verdict word"
+            else:
+                why = (_backs(figures[-1].group(1), _means(word), keys, cells) if figures
+                       else "no figure d ± s before it")
+                spent.update([figures[-1].start()] if figures else [])
             if why:
                 problems.append(f"{where}: '{match.group(1)}': {why}: {unit[:100]}")
     return problems
@@ -188,6 +208,9 @@ TWO_M = "grid:debug:embedded-hard:2m-vs-iso-dense"
     f"MoD ties dense on its FLOPs at 2M (-0.0620 ± 0.0110, a tie; section `{TWO_M}`).",  # better there
     "| mod | 2M | -0.0620 ± 0.0110 tie | [`grid:debug:embedded-hard:2m-vs-iso-dense`](#x) |",
     "The hybrid is behind mod alone on the same FLOPs (1.6936 ± 0.0144 against 1.6750 ± 0.0093).",
+    "MoD beat dense.", "MoD won at 2M.", "Dense lost to MoD.", "The hybrid is the worst model.",
+    "MoD outperforms dense.", "The hybrid trails dense.",  # other forms of the words
+    f"MoD -0.0620 ± 0.0110 better at 2M (section `{TWO_M}`); at 500k it is better too.",  # one figure, two words
 ])
 def test_an_unbacked_or_contradicted_verdict_is_named(text):
     assert len(_problems(text, "synthetic")) == 1, text
