@@ -88,14 +88,14 @@ VARIANTS: dict[str, ArchVariant] = {
     # 8 experts top-2 by definition (the preset's), capacity-limited training routing
     "moe": ArchVariant("moe", dict(ARCHITECTURE_DEFAULTS["moe"]), about="the preset's experts top-2, capacity-limited"),
     # The paper's setting: of the MoD settings measured at equal tokens the one of the lowest mean validation loss
-    # (each a tie with dense), and below dense trained on the same FLOPs: -0.0968 ± 0.0339 at 500k tokens, a tie,
-    # and -0.0620 ± 0.0110 better at 2M (three seeds; BENCHMARKS.md sections grid:debug:embedded-hard,
+    # (each a tie with dense), and below dense trained on the same FLOPs, ties at both budgets: -0.0968 ± 0.0339 at
+    # 500k tokens and -0.0620 ± 0.0110 at 2M (three seeds; BENCHMARKS.md sections grid:debug:embedded-hard,
     # grid:debug:embedded-hard:active-flops-vs-iso-dense and grid:debug:embedded-hard:2m-vs-iso-dense).
     "mod": ArchVariant("mod", dict(ARCHITECTURE_DEFAULTS["mod"]),
                        about="MoD at the paper's setting: 12.5% capacity in every other block"),
     # The same MoD setting around MoE blocks that route each token to one expert, dropless: below dense trained on the
-    # same FLOPs, -0.0495 ± 0.0167 at 500k tokens, a tie, and -0.0433 ± 0.0139 better at 2M, where the top-2
-    # capacity-limited hybrid is +0.0161 ± 0.0033 worse (three seeds; sections
+    # same FLOPs, ties at both budgets: -0.0495 ± 0.0167 at 500k tokens and -0.0433 ± 0.0139 at 2M, where the top-2
+    # capacity-limited hybrid is above it, +0.0161 ± 0.0033, a tie too (three seeds; sections
     # grid:debug:embedded-hard:active-flops-vs-iso-dense, grid:debug:embedded-hard:2m-vs-iso-dense and
     # grid:debug:embedded-hard:2m-hybrid-paper-vs-iso-dense). The moe architecture itself is 8 experts top-2 by
     # definition; the hybrid's top-k is free to follow the measurements.

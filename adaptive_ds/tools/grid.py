@@ -27,18 +27,21 @@ across seeds (`spread`) of:
 - against the baseline (dense): each quality figure's difference with its standard deviation, paired by seed
   where both have two or more seeds in common (`difference`), and the mean's 95% confidence interval; for the
   validation loss the paired t-test's two-sided p-value and a verdict: better or worse where that p,
-  Holm-corrected over the table's validation losses, is below 0.05, else a tie with the smallest difference its
-  seeds could have detected at 80% power (tools/significance.py). The train losses at equal budgets are
-  descriptive.
+  Holm-corrected over its family, is below 0.05, else a tie with the smallest difference its seeds could have
+  detected at 80% power and the corrected level (tools/significance.py). The family is every validation-loss test
+  drawn from one set of runs: a report's comparisons and its --pair comparisons, and with --restate those of the
+  reports given that share its runs (tools/grid_family.py). The train losses at equal budgets are descriptive.
 
 The report records the data's content hash (`adaptive_ds.data.identity`: a prepared directory's token shards and
 tokenizer, the embedded generator's output, local files' bytes; none for a streamed Hub dataset), worked out once per
-invocation, and `--extend` refuses a report whose recorded hash differs from its --data's. Its section states the
-hash and the compute its runs spent (their wall times summed, in CPU- or GPU-hours: one process each).
+invocation, and `--extend` refuses a report whose recorded hash differs from its --data's, or whose device (GPU
+kind, peak TFLOP/s) or price differs from this machine's. Its section states the hash and the compute its runs spent
+(their wall times summed, in CPU- or GPU-hours: one process each).
 
-It writes the report `grid_<preset>_<data>[_<name>].json` and loss-vs-FLOPs, -seconds and -tokens PNGs (mean over
-the seeds, band min..max) into --out, and prints the Markdown tables; the tables go into a Markdown file between
-``<!-- grid:<preset>:<data>[:<name>] -->`` markers only when --benchmarks_md names one. Nothing a user runs
+It writes the report `grid_<preset>_<data>[_<name>].json` (each run's row with its loss curve, 50 points at most)
+and loss-vs-FLOPs, -seconds and -tokens PNGs (mean over the seeds, band min..max, drawn from the report's rows: an
+extended report's figures show every seed) into --out, and prints the Markdown tables; the tables go into a Markdown
+file between ``<!-- grid:<preset>:<data>[:<name>] -->`` markers only when --benchmarks_md names one. Nothing a user runs
 writes into the repository's committed results unless asked: by default the report lands in the runs directory
 (`runs/grid/report/`); publishing is `--out benchmarks --benchmarks_md BENCHMARKS.md`, with `--name` to keep a
 grid's section apart from the others of its preset and data (recorded in the section's command, so the command
@@ -63,11 +66,11 @@ from ..data.identity import data_identity
 from ..hardware import DEVICES, detect_device
 from ..markdown_sections import replace_section
 from ..presets import ARCHITECTURES, PRESETS, VARIANTS
+from .grid_family import family_of, judge_reports, section_key
 from .grid_runs import GridError, budgets, execute, load_run, run_row
 from .grid_spec import GridSpec, parse_variant
-from .grid_tables import BUDGETS, RUN_KEYS, aggregate, compare, markdown, plot
+from .grid_tables import BUDGETS, RUN_KEYS, aggregate, compare, downsample, markdown, plot
 from .report import check_markdown_path, check_name, section_stem, write_report
-from .significance import judge
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,7 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
         except ValueError as error:
             raise GridError(str(error)) from None
     earlier = {(r["variant"], r["seed"]) for r in extend["runs"]} if extend else set()
+    failed_before = {(f["variant"], f["seed"]) for f in extend["failed"]} if extend else set()
     finished, failed, not_run = [], [], []
     for variant in spec.variants:
         for seed in spec.seeds:
@@ -103,8 +107,9 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
                 continue
             run_dir = spec.run_dir(runs_dir, variant, seed)
             kept = os.path.exists(os.path.join(run_dir, "summary.json"))
-            if report_only and not kept:
-                not_run.append({"variant": variant.name, "seed": seed})
+            if report_only and not kept:  # an earlier failure not retried stays listed as failed, not as not run
+                if (variant.name, seed) not in failed_before:
+                    not_run.append({"variant": variant.name, "seed": seed})
                 continue
             failure = execute(spec.training_args(variant, seed), run_dir)
             entry = {"variant": variant.name, "seed": seed, "run_dir": os.path.relpath(run_dir, runs_dir)}
@@ -119,16 +124,21 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
                         f"no run of this grid has finished in {runs_dir} (--report_only trains nothing)")
     report = {**assemble(spec, finished, failed, *_device(price), extend=extend, data_hash=data_hash),
               "not_run": not_run}
+    # a continuation grid's figures show the continuations: a from-scratch curve starts elsewhere
+    scratch = {v.name for v in spec.variants if spec.init_from is not None and v.scratch}
+    drawn = [r for r in report["runs"] if r["variant"] not in scratch]
+    curves = {}
+    if drawn and all("curve" in r for r in drawn):  # every seed's curve, the earlier ones' from the report's rows
+        for r in drawn:
+            curves.setdefault(r["variant"], []).append(r["curve"])
+        report["figure_seeds"] = sorted({r["seed"] for r in drawn})
+    elif drawn:  # rows of a report from before they held curves: its figures stay as they were drawn
+        report["figure_seeds"] = extend.get("figure_seeds") or sorted({r["seed"] for r in extend["runs"]})
+        logger.warning("grid: the earlier report's rows hold no loss curve: its figures are kept as they were")
     path = write_report(out_dir, spec.key, report)
     logger.info("grid: report %s", path)
-    prefix = os.path.join(out_dir, section_stem(spec.key))
-    curves = {}
-    scratch = {v.name for v in spec.variants if spec.init_from is not None and v.scratch}
-    for r in finished:  # a continuation grid's figures show the continuations: a from-scratch curve starts elsewhere
-        if r["variant"] not in scratch:
-            curves.setdefault(r["variant"], []).append(r["curve"])
-    if curves and not extend:  # none when every continuation failed: the report and its tables still stand
-        plot(curves, report["entropy_floor"], prefix)  # (an extended report's earlier curves are not in it)
+    if curves:  # none when every continuation failed: the report and its tables still stand
+        plot(curves, report["entropy_floor"], os.path.join(out_dir, section_stem(spec.key)))
     return report
 
 
@@ -136,10 +146,12 @@ def run_grid(spec: GridSpec, out_dir: str, runs_dir: str, price: float | None = 
 _EXTENSION_KEYS = ("preset", "data", "name", "tokens", "baseline", "variants", "ds_config", "init_from")
 
 
-def check_extension(spec: GridSpec, report: dict, data_hash: dict | None = None) -> None:
+def check_extension(spec: GridSpec, report: dict, data_hash: dict | None = None,
+                    device: tuple[str | None, float | None, float | None] | None = None) -> None:
     """ValueError unless `report` is an earlier report of `spec`'s grid (the same settings, seeds aside) whose seeds
-    --seeds includes, and whose data hash, where it recorded one, is `data_hash`'s (the same --data path holding
-    another corpus): adding seeds must not change what the earlier runs were."""
+    --seeds includes, whose data hash, where it recorded one, is `data_hash`'s (the same --data path holding
+    another corpus), and whose device, where `device` (this machine's GPU key, peak TFLOP/s and $/hour: `_device`) is
+    given, is this one: adding seeds must not change what the earlier runs were, nor mix devices in its figures."""
     ours = {"preset": spec.preset, "data": spec.data, "name": spec.name, "tokens": spec.tokens,
             "baseline": spec.baseline, "ds_config": spec.ds_config, "init_from": spec.init_from,
             "variants": {v.name: {"arch": v.arch, "model": v.model, "controller": v.controller}
@@ -157,6 +169,13 @@ def check_extension(spec: GridSpec, report: dict, data_hash: dict | None = None)
         raise ValueError(f"its data hashed sha256 {recorded['sha256']}, --data {spec.data} now hashes "
                          f"{data_hash['sha256']}: the new seeds would train on another corpus; restore the one it "
                          "recorded, or run a new grid")
+    if device is not None:
+        recorded = (report.get("gpu"), report.get("peak_tflops"), report.get("price_per_hour"))
+        differ = [f"{name} {theirs!r} (this machine: {ours!r})" for name, theirs, ours
+                  in zip(("gpu", "peak_tflops", "price_per_hour"), recorded, device, strict=True) if theirs != ours]
+        if differ:
+            raise ValueError(f"it was measured on another device: its {', '.join(differ)}; its speed, MFU and costs "
+                             "would mix devices: extend it on its own kind of machine (and --price), or run a new grid")
 
 
 def _without_seeds(command: str) -> list[str]:
@@ -182,7 +201,8 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
     own_budget = {v.name for v in spec.variants if v.tokens is not None} | scratch
     at = extend["budgets"] if extend else budgets([r for r in finished if r["variant"] not in own_budget]
                                                   or [r for r in finished if r["variant"] not in scratch] or finished)
-    rows = [{**{k: r[k] for k in RUN_KEYS}, **run_row(r, at, peak_tflops, price)} for r in finished]
+    rows = [{**{k: r[k] for k in RUN_KEYS}, **run_row(r, at, peak_tflops, price), "curve": downsample(r["curve"])}
+            for r in finished]
     for row in rows:
         if row["variant"] in scratch:
             row.update({f"train_loss_at_equal_{name}": None for name, _, _ in BUDGETS})
@@ -192,33 +212,45 @@ def assemble(spec: GridSpec, finished: list[dict], failed: list[dict], gpu: str 
         done = {(r["variant"], r["seed"]) for r in rows}
         again = {(f["variant"], f["seed"]) for f in failed}
         failed = [*[f for f in extend["failed"] if (f["variant"], f["seed"]) not in done | again], *failed]
-    trained = {k: sorted({r["trained"][k] for r in rows}) for k in ("commit", "machine", "date")}
     floors = [r["entropy_floor"] for r in rows]
     names = [v.name for v in spec.variants if any(r["variant"] == v.name for r in rows)]
     if extend and data_hash is not None:  # seeds trained before the hash was recorded stay listed as unchecked
         unchecked = extend["seeds"] if extend.get("data_hash") is None else extend["data_hash"].get("unchecked_seeds")
         if unchecked:
             data_hash = {**data_hash, "unchecked_seeds": list(unchecked)}
-    return {
+    report = {
         "preset": spec.preset, "data": spec.data, "data_name": spec.data_name, "data_hash": data_hash,
         "name": spec.name, "tokens": spec.tokens,
         "seeds": list(spec.seeds), "baseline": spec.baseline,
         "variants": {v.name: {"arch": v.arch, "model": v.model, "controller": v.controller} for v in spec.variants},
         "entropy_floor": None if None in floors else sum(floors) / len(floors), "budgets": at,
-        "machine": "; ".join(trained["machine"]), "gpu": gpu, "peak_tflops": peak_tflops, "price_per_hour": price,
-        "commit": ", ".join(trained["commit"]),
-        "date": " to ".join(dict.fromkeys([trained["date"][0], trained["date"][-1]])),  # one date, or a range
+        **provenance(rows), "gpu": gpu, "peak_tflops": peak_tflops, "price_per_hour": price,
         "ds_config": spec.ds_config, "init_from": spec.init_from, "command": spec.command(), "runs": rows,
         "failed": failed,
         "results": {name: aggregate([r for r in rows if r["variant"] == name]) for name in names},
         "comparisons": compare(rows, spec.baseline),
         "pairs": compare_pairs(rows, spec.pairs),
     }
+    judge_reports([report])  # its own family: reports sharing its runs are judged together by --restate
+    return report
+
+
+def provenance(rows: list[dict]) -> dict:
+    """Where, when and from what code a report's runs trained: its machines, commits and dates (one date, or a range)
+    over the runs that recorded them, and how many did not: `runs_without_provenance` (a run kept from a grid that
+    stopped before writing its grid_provenance.json records "unknown" for all three) and `runs_without_commit` (a run
+    trained outside a git checkout)."""
+    known = [r["trained"] for r in rows if "unknown" not in (r["trained"]["date"], r["trained"]["machine"])]
+    trained = {k: sorted({t[k] for t in known} - {"unknown"}) for k in ("commit", "machine", "date")}
+    return {"machine": "; ".join(trained["machine"]), "commit": ", ".join(trained["commit"]),
+            "date": " to ".join(dict.fromkeys(trained["date"][:1] + trained["date"][-1:])),
+            "runs_without_provenance": len(rows) - len(known),
+            "runs_without_commit": sum(t["commit"] == "unknown" for t in known)}
 
 
 def compare_pairs(rows: list[dict], pairs: list[tuple[str, str]]) -> list[dict]:
-    """Each `variant` against its `baseline` (--pair), as `compare` has it, the verdicts Holm-corrected over all
-    the pairs' comparisons (their table); "missing" names a side without a finished run."""
+    """Each `variant` against its `baseline` (--pair), as `compare` has it (the verdicts are the family's, with the
+    comparisons against the baseline: `judge_reports`); "missing" names a side without a finished run."""
     out = []
     for variant, baseline in pairs:
         missing = [name for name in (variant, baseline) if not any(r["variant"] == name for r in rows)]
@@ -227,37 +259,48 @@ def compare_pairs(rows: list[dict], pairs: list[tuple[str, str]]) -> list[dict]:
             continue
         both = [r for r in rows if r["variant"] in (variant, baseline)]
         out.append({"variant": variant, "baseline": baseline, **compare(both, baseline)[variant]})
-    judge([p["validation_loss"] for p in out if not p.get("missing") and p["validation_loss"] is not None])
     return out
 
 
-def restate(report: dict) -> dict:
-    """The report with its comparisons and pairs worked out anew from its runs' rows by this version's statistics
-    (a change of the verdict rule reaches a published report without its runs); nothing else changes."""
-    pairs = [(p["variant"], p["baseline"]) for p in report.get("pairs") or []]
-    return {**report, "comparisons": compare(report["runs"], report["baseline"]),
-            "pairs": compare_pairs(report["runs"], pairs)}
+def restate(reports: list[dict]) -> list[dict]:
+    """The reports with their comparisons, pairs and provenance worked out anew from their runs' rows by this
+    version's statistics (a change of the verdict rule reaches a published report without its runs), the reports
+    sharing runs judged as one Holm family (`judge_reports`); nothing else changes."""
+    out = []
+    for report in reports:
+        pairs = [(p["variant"], p["baseline"]) for p in report.get("pairs") or []]
+        out.append({**report, **provenance(report["runs"]), "comparisons": compare(report["runs"], report["baseline"]),
+                    "pairs": compare_pairs(report["runs"], pairs)})
+    judge_reports(out)
+    return out
 
 
 def _restate_files(paths: list[str], benchmarks_md: str | None) -> None:
-    """--restate: rewrite each report file's comparisons (`restate`), and its section where --benchmarks_md says."""
+    """--restate: rewrite the report files' comparisons (`restate`, all of them together: reports sharing runs are one
+    family), and their sections where --benchmarks_md says. A report whose recorded family holds a section none of
+    the files is refused: restated without it, the family would shrink."""
+    reports = []
     for path in paths:
         try:
             with open(path) as f:
-                report = restate(json.load(f))
-        except (OSError, ValueError, KeyError) as error:
+                reports.append(json.load(f))
+            restate(reports[-1:])  # each on its own first: a file that is no grid report is named
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise SystemExit(f"error: --restate {path}: not a grid report ({error!r})") from None
+    given = {section_key(r) for r in reports}
+    for path, report in zip(paths, reports, strict=True):
+        left = [key for key in family_of(report)["sections"] if key not in given] if "holm_family" in report else []
+        if left:
+            raise SystemExit(f"error: --restate {path}: its Holm family also holds section(s) {', '.join(left)} "
+                             "(reports sharing its runs); pass their reports too")
+    reports = restate(reports)
+    for path, report in zip(paths, reports, strict=True):
         with open(path, "w") as f:
             json.dump(report, f, indent=2)
             f.write("\n")
         if benchmarks_md is not None:
             write_section(benchmarks_md, report, markdown(report))
         logger.info("grid: %s restated%s", path, f", its section in {benchmarks_md}" if benchmarks_md else "")
-
-
-def section_key(report: dict) -> str:
-    """The section key of a grid report: grid:PRESET:DATA[:NAME] (reports before --name have none)."""
-    return ":".join(["grid", report["preset"], report["data_name"], *([report["name"]] if report.get("name") else [])])
 
 
 def write_section(path: str, report: dict, text: str) -> None:
@@ -312,11 +355,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "null}'); repeat for more pairs")
     p.add_argument("--restate", nargs="+", metavar="REPORT",
                    help="train nothing: work each grid report's comparisons out anew from its recorded runs with "
-                        "this version's statistics, rewrite the report (and with --benchmarks_md its section)")
+                        "this version's statistics, the reports sharing runs judged as one Holm family, rewrite the "
+                        "reports (and with --benchmarks_md their sections); pass every published report together")
     p.add_argument("--extend", metavar="REPORT",
                    help="add seeds to this earlier report of the same grid (--seeds names its seeds and the new "
-                        "ones): only the new seeds train; its runs' rows and budgets are kept, and their run "
-                        "directories need not exist")
+                        "ones), on its kind of device and at its price: only the new seeds train; its runs' rows and "
+                        "budgets are kept, and their run directories need not exist")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: report the runs that finished (a grid cut short), list the rest as not run")
     return p.parse_args(argv)
@@ -373,14 +417,14 @@ def specs(args: argparse.Namespace) -> list[GridSpec]:
     return found
 
 
-def _earlier_report(path: str, found: list[GridSpec], data_hash: dict) -> dict:
+def _earlier_report(path: str, found: list[GridSpec], data_hash: dict, price: float | None) -> dict:
     """--extend's report, checked against the (one) grid it extends and its data, before anything trains."""
     if len(found) != 1:
         raise SystemExit("error: --extend extends one grid: name one --preset")
     try:
         with open(path) as f:
             report = json.load(f)
-        check_extension(found[0], report, data_hash)
+        check_extension(found[0], report, data_hash, _device(price))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SystemExit(f"error: --extend {path}: {error}") from None
     if "data_hash" not in report:
@@ -418,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
         data_hash = data_identity(args.data)  # once: every preset reads the same data
     except ValueError as error:
         raise SystemExit(f"error: --data: {error}") from None
-    extend = _earlier_report(args.extend, found, data_hash) if args.extend else None
+    extend = _earlier_report(args.extend, found, data_hash, args.price) if args.extend else None
     for spec in found:
         try:
             report = run_grid(spec, out, args.runs, price=args.price, report_only=args.report_only, extend=extend,

@@ -2,9 +2,9 @@
 
 `spread` (mean and sample standard deviation over seeds), `difference` (against the baseline, paired by seed
 where possible, with a paired t-test: its 95% confidence interval and p-value), `aggregate` and `compare` (a
-whole grid's rows, each table's verdicts by Holm's correction: tools/significance.py), `markdown` (the
-BENCHMARKS.md section) and `plot` (loss against FLOPs, tokens and seconds, mean over the seeds with their min..max
-band). adaptive_ds/tools/grid.py trains the runs and reads their figures.
+whole grid's rows; the verdicts are the Holm family's: tools/grid_family.py), `markdown` (the BENCHMARKS.md section)
+and `plot` (loss against FLOPs, tokens and seconds, mean over the seeds with their min..max band).
+adaptive_ds/tools/grid.py trains the runs and reads their figures.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import numpy as np
 
 from ..data.identity import describe
 from ..training.metrics import PhaseClock
-from .report import device_kind
-from .significance import ALPHA, judge, paired_t
+from .grid_family import family_of, section_key
+from .report import device_kind, section_stem
+from .significance import ALPHA, paired_t
 
 PHASES = (*PhaseClock.PHASES, "other")
 # The budgets at which train losses are compared: (name, index in a curve point, label).
@@ -27,6 +28,8 @@ COMPARED = ("validation_loss", "topk_routing_loss", "train_loss_at_equal_flops",
             "train_loss_at_equal_seconds")
 # What names a run in the report's rows, not a figure of it.
 RUN_KEYS = ("variant", "seed", "run_dir", "kept", "trained")
+# A row's loss curve, downsampled (CURVE_POINTS at most): the figures are drawn from the report's rows.
+CURVE_POINTS = 50
 
 
 def spread(values: list[float]) -> dict:
@@ -43,7 +46,7 @@ def difference(variant: dict[int, float], baseline: dict[int, float]) -> dict:
     shared, so their noise cancels), with the paired t-test of those differences (`t`, its two-sided `p` on n - 1
     degrees of freedom, the mean's 95% confidence interval `ci`). Otherwise unpaired: the difference of the means,
     with the sd of the difference of two single runs, sqrt(sd_v^2 + sd_b^2) (None when either side has one seed),
-    and no test. The verdict is the table's (`judge`)."""
+    and no test. The verdict is the Holm family's (tools/grid_family.py)."""
     common = sorted(set(variant) & set(baseline))
     if len(common) >= 2:
         d = spread([variant[s] - baseline[s] for s in common])
@@ -64,7 +67,7 @@ def aggregate(rows: list[dict]) -> dict:
     not apply (a None in any run)."""
     out = {}
     for key, first in rows[0].items():
-        if key in RUN_KEYS:
+        if key in (*RUN_KEYS, "curve"):
             continue
         values = [r[key] for r in rows]
         if isinstance(first, dict):
@@ -81,8 +84,9 @@ def _compared(row: dict, metric: str) -> float:
 
 def compare(rows: list[dict], baseline: str) -> dict:
     """{variant: {figure: difference}} against the baseline variant's runs of the same seeds. The validation losses
-    carry a verdict, Holm-corrected over the table's validation losses (one family); the other figures (train
-    losses at equal budgets, the top-k routing loss) are descriptive: their differences and intervals, no verdict."""
+    get a verdict from their Holm family (`grid_family.judge_reports`, over the report's comparisons and pairs and
+    those of reports sharing its runs); the other figures (train losses at equal budgets, the top-k routing loss) are
+    descriptive: their differences and intervals, no verdict."""
     by_variant: dict[str, dict[int, dict]] = {}
     for r in rows:
         by_variant.setdefault(r["variant"], {})[r["seed"]] = r
@@ -99,8 +103,15 @@ def compare(rows: list[dict], baseline: str) -> dict:
             values, reference = ({s: v for s, r in side.items() if (v := _compared(r, metric)) is not None}
                                  for side in (runs, base))
             out[name][metric] = difference(values, reference) if values and reference else None
-    judge([row["validation_loss"] for row in out.values() if row["validation_loss"] is not None])
     return out
+
+
+def downsample(curve: list[tuple]) -> list[list[float]]:
+    """At most CURVE_POINTS points of a curve, evenly spaced by index, its first and last among them."""
+    if len(curve) <= CURVE_POINTS:
+        return [list(p) for p in curve]
+    picked = sorted({round(i * (len(curve) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)})
+    return [list(curve[i]) for i in picked]
 
 
 def _band(curves: list[list[tuple]], axis: int) -> tuple[np.ndarray, ...]:
@@ -186,9 +197,39 @@ def _tests(cells: list[dict | None]) -> int:
     return sum(1 for d in cells if d is not None and d.get("p") is not None)
 
 
-_RULE = (f"'better' / 'worse' only in the validation loss, where its p, Holm-adjusted over the table's validation "
-         f"losses, is below {ALPHA}, else 'tie' with the smallest difference its seeds could have detected (80% "
-         "power, two-sided 5%, the observed sd); the other columns are descriptive, without a test")
+def _count(n: int) -> str:
+    return "no validation-loss test" if n == 0 else f"{n} validation-loss test{'' if n == 1 else 's'}"
+
+
+def _family_text(report: dict, table: str) -> str:
+    """What the p-values of `table` ("comparisons" or "pairs") are Holm-adjusted over: the report's family (its
+    comparisons, its pairs and the tests of the reports sharing its runs), with where its tests come from."""
+    family = family_of(report)
+    m = family["tests"]
+    counts = {"comparisons": _tests([c["validation_loss"] for c in report["comparisons"].values()]),
+              "pairs": _tests([p["validation_loss"] for p in report.get("pairs") or [] if not p.get("missing")])}
+    others = [f"`{key}`" for key in family["sections"] if key != section_key(report)]
+    if m == 0:
+        return "no test (no validation loss paired two or more seeds)"
+    other = "pairs" if table == "comparisons" else "comparisons"
+    parts = [*([f"this table's {counts[table]}"] if counts[table] else []),
+             *([f"the {'pairs' if other == 'pairs' else 'comparison'} table's {counts[other]}"] if counts[other]
+               else []),
+             *([f"those of section{'s' if len(others) > 1 else ''} {', '.join(others)} sharing its runs"] if others
+               else [])]
+    if parts == [f"this table's {m}"]:
+        return f"this table's {_count(m)}"
+    once = " (the same runs against the same runs in two tables counted once)" if others or sum(counts.values()) > m \
+        else ""
+    return f"{_count(m)}: {', '.join(parts[:-1])}{' and ' if len(parts) > 1 else ''}{parts[-1]}{once}"
+
+
+def _rule(report: dict) -> str:
+    m = family_of(report)["tests"]
+    return (f"'better' / 'worse' only in the validation loss, where its Holm-adjusted p is below {ALPHA}, else 'tie' "
+            "with the smallest difference its seeds could have detected (80% power, two-sided, at the Holm-corrected "
+            f"level {ALPHA}/{m if m else 'm'}, with the observed sd: a rough, post-hoc figure); the other columns are "
+            "descriptive, without a test")
 
 
 def _header(report: dict) -> list[str]:
@@ -200,9 +241,8 @@ def _header(report: dict) -> list[str]:
         + (f" + controller `{json.dumps(v['controller'])}`" if v["controller"] else "")
         for name, v in report["variants"].items())
     return [
-        f"Measured {report['date']} on {report['machine']}, commit {report['commit']}: `{report['command']}` "
-        f"({report['tokens']:,} tokens per run unless a variant names its own, one process each, "
-        f"seeds {', '.join(map(str, report['seeds']))}; "
+        f"{_measured(report)}: `{report['command']}` "
+        f"({report['tokens']:,} tokens per run unless a variant names its own, one process each, {_seeds(report)}; "
         f"data `{report['data']}`"
         + (f", entropy floor {floor:.4f} nats/token (mean over the seeds' held-out sets)" if floor is not None
            else ", which has no known entropy floor") + "). "
@@ -222,6 +262,49 @@ def _header(report: dict) -> list[str]:
         "",
         _provenance(report),
     ]
+
+
+def _measured(report: dict) -> str:
+    """When, where and from what code the runs trained: ranges over the runs that recorded it, and how many did not
+    (a run kept from a grid stopped before writing its provenance; a run trained outside a git checkout)."""
+    counts = {"trained outside a git checkout": report.get("runs_without_commit", 0),
+              "without provenance": report.get("runs_without_provenance", 0)}
+    notes = [f"{n} run{'' if n == 1 else 's'} {what}" for what, n in counts.items() if n]
+    without = f" ({'; '.join(notes)})" if notes else ""
+    if not report["date"]:
+        return f"Measured{without}"
+    return f"Measured {report['date']} on {report['machine']}, commit {report['commit'] or 'not recorded'}{without}"
+
+
+def seed_list(seeds: list[int]) -> str:
+    """1, 2 / 1-5 / 1-3, 7: runs of three or more consecutive seeds as a range."""
+    seeds, parts, i = sorted(seeds), [], 0
+    while i < len(seeds):
+        j = i
+        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
+            j += 1
+        parts += [f"{seeds[i]}-{seeds[j]}"] if j - i >= 2 else [str(s) for s in seeds[i:j + 1]]
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _seeds(report: dict) -> str:
+    """The seeds with a finished run, and the requested ones where they differ (a grid cut short or failed)."""
+    finished = sorted({r["seed"] for r in report["runs"]})
+    if finished == sorted(report["seeds"]):
+        return f"seeds {seed_list(finished)}"
+    return f"seeds {seed_list(report['seeds'])} requested, {seed_list(finished) or 'none'} finished"
+
+
+def _figures(report: dict) -> list[str]:
+    """Which seeds the PNG figures show, where not every finished seed (an extension of a report whose earlier rows
+    hold no loss curve: its figures are kept as they were)."""
+    shown = report.get("figure_seeds")
+    if shown is None or shown == sorted({r["seed"] for r in report["runs"]}):
+        return []
+    return ["", f"The figures (`{section_stem(section_key(report))}_loss_vs_*.png`) show seeds {seed_list(shown)} "
+                "only: they were drawn from those runs' curves, which the report's rows do not hold, so the added "
+                "seeds could not be drawn with them."]
 
 
 def _provenance(report: dict) -> str:
@@ -261,11 +344,10 @@ def _comparison_table(report: dict) -> list[str]:
     comparisons = report["comparisons"]
     if not comparisons:
         return [f"No comparison: the baseline `{report['baseline']}` has no finished run."]
-    tests = _tests([c["validation_loss"] for c in comparisons.values()])
     lines = [f"Against `{report['baseline']}` (variant - baseline, lower is better; paired by seed where two or more "
              "seeds are shared: the mean ± the sd of the per-seed differences and the mean's 95% confidence interval "
              "(Student's t, n - 1 degrees of freedom); in the validation loss the paired t-test's two-sided p, "
-             f"Holm-adjusted over the table's {tests} tests; {_RULE}):", "",
+             f"Holm-adjusted over {_family_text(report, 'comparisons')}; {_rule(report)}):", "",
              *_head(["validation loss", "top-k routing loss", "train loss at equal FLOPs", "at equal tokens",
                      "at equal seconds", "seeds"])]
     for name, c in comparisons.items():
@@ -278,9 +360,8 @@ def _pairs_table(report: dict) -> list[str]:
     pairs = report.get("pairs") or []
     if not pairs:
         return []
-    tests = _tests([p["validation_loss"] for p in pairs if not p.get("missing")])
-    lines = ["", f"Each against its pair (variant - baseline, as above; Holm over this table's {tests} validation "
-                 "losses):", "",
+    lines = ["", f"Each against its pair (variant - baseline, as above; Holm over {_family_text(report, 'pairs')}):",
+             "",
              "| variant | baseline | validation loss | top-k routing loss | train loss at equal FLOPs "
              "| at equal tokens | at equal seconds | seeds |", "|---" * 8 + "|"]
     for p in pairs:
@@ -339,5 +420,5 @@ def _failures(report: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     """The grid's section of BENCHMARKS.md: provenance, then quality, comparison, cost and routing tables."""
-    return "\n".join([*_header(report), "", *_quality_table(report), "", *_comparison_table(report),
+    return "\n".join([*_header(report), *_figures(report), "", *_quality_table(report), "", *_comparison_table(report),
                       *_pairs_table(report), "", *_cost_table(report), "", *_routing_table(report), *_failures(report)])

@@ -1,5 +1,5 @@
-"""The grid's significance tests: a paired t-test over seeds, Holm's correction over a table's comparisons, and the
-smallest difference a tie's seeds could have detected.
+"""The grid's significance tests: a paired t-test over seeds, Holm's correction over a family of comparisons (every
+validation-loss test drawn from one set of runs), and the smallest difference a tie's seeds could have detected.
 
 Student's t and the noncentral t come from scipy.stats; Holm's step-down procedure is a sort and a running maximum,
 written here (scipy has none).
@@ -83,16 +83,27 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def judge(comparisons: list[dict]) -> None:
-    """Set each comparison's `p_holm` (Holm over those of the list with a p-value: one table's validation losses)
-    and `verdict`: for a loss (lower is better) 'better' or 'worse' where the adjusted p < ALPHA, else 'tie', with
-    the difference its seeds could have detected (`detectable`, at 80% power and the unadjusted 5% level); None
-    without a test (fewer than two seeds paired)."""
-    tested = [c for c in comparisons if c.get("p") is not None]
-    for c, adjusted in zip(tested, holm([c["p"] for c in tested]), strict=True):
-        c["p_holm"] = adjusted
-        c["verdict"] = "tie" if adjusted >= ALPHA else ("better" if c["difference"] < 0 else "worse")
-        c["detectable"] = detectable_difference(c.get("sd"), c.get("n", 0)) if c["verdict"] == "tie" else None
+def judge(comparisons: list[dict], keys: list | None = None) -> int:
+    """Set each comparison's `p_holm` (Holm over those of the list with a p-value: one family of validation-loss
+    tests) and `verdict`: for a loss (lower is better) 'better' or 'worse' where the adjusted p < ALPHA, else 'tie',
+    with the difference its seeds could have detected (`detectable`, at 80% power and the level the verdict uses,
+    conservatively ALPHA / m); None without a test (fewer than two seeds paired). `keys` (one per comparison, where
+    given): comparisons of equal key are one test (the same runs against the same runs, in two tables), counted once.
+    Returns m, the number of distinct tests."""
+    keys = list(range(len(comparisons))) if keys is None else keys
+    tested = {}
+    for c, key in zip(comparisons, keys, strict=True):
+        if c.get("p") is not None:
+            tested.setdefault(key, []).append(c)
+    adjusted = holm([cells[0]["p"] for cells in tested.values()])
+    m = len(tested)
+    for cells, p_holm in zip(tested.values(), adjusted, strict=True):
+        for c in cells:
+            c["p_holm"] = p_holm
+            c["verdict"] = "tie" if p_holm >= ALPHA else ("better" if c["difference"] < 0 else "worse")
+            c["detectable"] = (detectable_difference(c.get("sd"), c.get("n", 0), alpha=ALPHA / m)
+                               if c["verdict"] == "tie" else None)
     for c in comparisons:
         if c.get("p") is None:
             c.update(p_holm=None, verdict=None, detectable=None)
+    return m

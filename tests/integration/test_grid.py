@@ -18,10 +18,9 @@ def _files(directory) -> dict[str, tuple[int, int]]:
             for d, _, names in os.walk(directory) for f in names}
 
 
-@pytest.mark.slow  # one real training run, then a second invocation that keeps it and reports a failing run
-def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path, tiny_ds_config):
-    # a config that names C4 (as the GPU configs do): the grid trains on its own --data (the embedded corpus)
-    config = tiny_ds_config(micro=8, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
+def _first_grid(tmp_path, config: str) -> tuple[dict, str]:
+    """One real run of mod, seed 1, through the command, published into a Markdown file: checked against the model it
+    trained; returns the report and the run's directory."""
     out, runs, md = str(tmp_path / "out"), str(tmp_path / "runs"), tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n")
     main(["--variants", "mod", "--seeds", "1", "--tokens", "4096", "--ds_config", config, "--warmup_steps", "5",
@@ -41,12 +40,19 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path, t
     assert row["topk_routing_loss"] is not None and row["loss_minus_floor"] > 0 and report["entropy_floor"] > 1
     assert sum(row["time_breakdown_s"].values()) == pytest.approx(row["wall_time_s"])
     assert 0.1 < row["peak_memory_gib"] < 8 and row["mfu"] is None and row["achieved_tflops"] > 0
-    assert report["commit"] != "unknown" and report["comparisons"] == {}  # no dense in this grid
+    assert report["commit"] != "unknown" and report["runs_without_provenance"] == 0
+    assert report["comparisons"] == {}  # no dense in this grid
+    assert 2 <= len(row["curve"]) <= 50 and row["curve"][-1][2] == 4096  # its loss curve, to the last step
     for name in ("flops", "seconds", "tokens"):
         assert (tmp_path / "out" / f"grid_debug_embedded_loss_vs_{name}.png").stat().st_size > 10_000
+    return report, run_dir
+
+
+def _kept_and_failed(tmp_path, config: str, run_dir: str, row: dict) -> None:
+    """The same grid again, with a variant the trainer refuses, whose earlier attempt left a partial directory
+    (through run_grid: the command would refuse this variant before training anything); then --report_only."""
+    out, runs = str(tmp_path / "out"), str(tmp_path / "runs")
     before = _files(run_dir)
-    # the same grid again, with a variant the trainer refuses, whose earlier attempt left a partial directory
-    # (through run_grid: the command would refuse this variant before training anything)
     broken = parse_variant('dense+{"no_such_field": 1}')
     spec = GridSpec("debug", (parse_variant("mod"), broken), (1,), 4096, config, warmup_steps=5)
     partial = spec.run_dir(runs, broken, 1)
@@ -66,7 +72,11 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path, t
     assert [r["variant"] for r in cut["runs"]] == ["mod"] and cut["not_run"] == [{"variant": "dense", "seed": 1}]
     assert not os.path.exists(spec.run_dir(runs, parse_variant("dense"), 1)) and cut["failed"] == []
     assert "Not run (reported with `--report_only`, the grid cut short): `dense` seed 1." in markdown(cut)
-    # --extend: seed 2 added to the published one-seed report, whose run directory is gone (moved away)
+
+
+def _extended(tmp_path, config: str, report: dict) -> None:
+    """--extend: seed 2 added to the published one-seed report, whose run directory is gone (moved away)."""
+    out, runs = str(tmp_path / "out"), str(tmp_path / "runs")
     published = tmp_path / "out" / "grid_debug_embedded.json"
     published.write_text(json.dumps(report))
     os.rename(runs, str(tmp_path / "elsewhere"))
@@ -76,13 +86,28 @@ def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path, t
         main([*common, "--seeds", "2"])
     with pytest.raises(SystemExit, match=r"--extend .*: it is another grid: its tokens differ"):
         main([*common[:2], "--tokens", "8192", *common[4:], "--seeds", "1", "2"])
+    with pytest.raises(SystemExit, match=r"--extend .*: it was measured on another device: its price_per_hour 0.5 "):
+        main([*common[:9], "0.7", *common[10:], "--seeds", "1", "2"])
+    figure = tmp_path / "out" / "grid_debug_embedded_loss_vs_flops.png"
+    figure.unlink()
     main([*common, "--seeds", "1", "2"])
     extended = json.loads(published.read_text())
     assert [(r["variant"], r["seed"]) for r in extended["runs"]] == [("mod", 1), ("mod", 2)]
     assert extended["runs"][0] == report["runs"][0] and extended["budgets"] == report["budgets"]
     assert extended["seeds"] == [1, 2] and "--seeds 1 2" in extended["command"]
     assert extended["results"]["mod"]["validation_loss"]["n"] == 2
-    assert not os.path.exists(os.path.join(runs, row["run_dir"]))  # seed 1 was not trained again
+    assert not os.path.exists(os.path.join(runs, report["runs"][0]["run_dir"]))  # seed 1 was not trained again
+    # drawn again, seed 1's curve from the report's row beside seed 2's run
+    assert extended["figure_seeds"] == [1, 2] and figure.stat().st_size > 10_000
+
+
+@pytest.mark.slow  # one real training run, then a second invocation that keeps it and reports a failing run
+def test_a_real_grid_run_is_reported_and_kept_by_the_next_invocation(tmp_path, tiny_ds_config):
+    # a config that names C4 (as the GPU configs do): the grid trains on its own --data (the embedded corpus)
+    config = tiny_ds_config(micro=8, data="allenai/c4", tokenizer="bpe:32000", log_steps=1)
+    report, run_dir = _first_grid(tmp_path, config)
+    _kept_and_failed(tmp_path, config, run_dir, report["runs"][0])
+    _extended(tmp_path, config, report)
 
 
 @pytest.mark.slow  # three tiny training runs: a base run, then its continuation as dense and as upcycled MoE

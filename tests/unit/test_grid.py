@@ -146,7 +146,9 @@ def test_report_tables_and_figures_from_synthetic_runs(tmp_path):
     assert versus["mod"] == ["-0.0350 ± 0.0212 [-0.2256, +0.1556] p=0.26 (Holm 0.26) tie, detectable 0.2450",
                              "-0.1200 ± 0.0283 [-0.3741, +0.1341]", "-0.7500 ± 0.0707 [-1.3853, -0.1147]",
                              "-0.2500 ± 0.0707 [-0.8853, +0.3853]", "-1.0000 ± 0.0707 [-1.6353, -0.3647]", "2 paired"]
-    assert "Holm-adjusted over the table's 1 tests; 'better' / 'worse' only in the validation loss" in text
+    assert "Holm-adjusted over this table's 1 validation-loss test; 'better' / 'worse' only in the validation loss" \
+        in text and "at the Holm-corrected level 0.05/1, with the observed sd: a rough, post-hoc figure" in text
+    assert report["holm_family"] == {"sections": ["grid:debug:embedded-hard"], "tests": 1}
     assert versus["moe"][0] == "-0.0500 (one seed: no verdict)" and versus["moe"][-1] == "unpaired"
     # moe's first logged step already spent more than the equal-FLOPs budget: no figure rather than a clamped one
     assert quality["moe"][5] == "-" and versus["moe"][2] == "-" and quality["moe"][6] == "1.9000 (n=1)"
@@ -500,14 +502,17 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
     for row in [r for r in report["runs"] if r["variant"] in (scratch.name, cheaper.name)]:
         assert [row[f"train_loss_at_equal_{b}"] for b in ("flops", "tokens", "seconds")] == [None] * 3
     pair, missing = report["pairs"]
-    # moe - scratch: -0.40, -0.30 -> -0.35 +- 0.070711, t = -7 on 1 df, p = 1 - 2 atan(7) / pi = 0.090334; the
-    # pairs' table holds 1 test (its validation losses; the top-k routing loss is descriptive): a tie
+    # moe - scratch: -0.40, -0.30 -> -0.35 +- 0.070711, t = -7 on 1 df, p = 1 - 2 atan(7) / pi = 0.090334. One
+    # family with the comparisons against dense (validation losses only; the top-k routing loss is descriptive):
+    # moe -0.1, -0.05 (t = -3, p = 0.204833), the cheaper moe +0.2, +0.1 (t = 3, p = 0.204833), the scratch arm
+    # +0.3, +0.25 (t = 11, p = 0.057716). Holm over the 4: 4 x 0.057716 = 0.230864, 3 x 0.090334 = 0.271003: a tie
     assert pair["variant"] == "moe" and pair["baseline"] == scratch.name
     assert pair["validation_loss"]["difference"] == pytest.approx(-0.35)
     assert pair["validation_loss"]["sd"] == pytest.approx(0.0707107)
     assert pair["validation_loss"]["p"] == pytest.approx(0.090334, abs=1e-6)
-    assert pair["validation_loss"]["p_holm"] == pytest.approx(0.090334, abs=1e-6)
-    assert pair["validation_loss"]["verdict"] == "tie"
+    assert pair["validation_loss"]["p_holm"] == pytest.approx(0.271003, abs=1e-6)
+    assert report["comparisons"][scratch.name]["validation_loss"]["p_holm"] == pytest.approx(0.230864, abs=1e-6)
+    assert pair["validation_loss"]["verdict"] == "tie" and report["holm_family"]["tests"] == 4
     assert pair["train_loss_at_equal_flops"] is None  # the scratch arm has no figure at the continuations' budget
     assert missing == {"variant": cheaper.name, "baseline": "hybrid", "missing": ["hybrid"]}
     # every variant with a budget of its own: the budgets are theirs, and the from-scratch arm is still read at none
@@ -521,9 +526,11 @@ def test_a_continuation_grid_compares_each_continuation_with_its_from_scratch_pa
     assert "A continuation grid: each run starts from `runs/base/" in text
     pairs = _table(text, "variant | baseline")
     cell = "-0.3500 ± 0.0707 [-0.9853, +0.2853]"
-    assert pairs["moe"] == [scratch.name, cell + " p=0.09 (Holm 0.09) tie, detectable 0.8167", cell, "-", "-", "-",
+    assert pairs["moe"] == [scratch.name, cell + " p=0.09 (Holm 0.27) tie, detectable 3.2637", cell, "-", "-", "-",
                             "2 paired"]
-    assert "Each against its pair (variant - baseline, as above; Holm over this table's 1 validation losses)" in text
+    assert ("Each against its pair (variant - baseline, as above; Holm over 4 validation-loss tests: this table's 1 "
+            "and the comparison table's 3)") in text
+    assert "Holm-adjusted over 4 validation-loss tests: this table's 3 and the pairs table's 1;" in text
     assert pairs[cheaper.name][-1] == "no finished run of `hybrid`"
 
 

@@ -90,20 +90,41 @@ def test_a_table_is_judged_as_a_whole():
     assert five[0]["p_holm"] == pytest.approx(0.1) and five[0]["verdict"] == "tie"
     assert five[-1]["verdict"] is None and five[-1]["p_holm"] is None
     assert not math.isnan(five[1]["p_holm"])
-    assert five[0]["detectable"] == pytest.approx(detectable_difference(0.1, 3)) and two[0]["detectable"] is None
+    # a tie's detectable difference at the level its verdict used: 5% / m, m = 5 tests
+    assert five[0]["detectable"] == pytest.approx(detectable_difference(0.1, 3, alpha=0.01))
+    assert five[0]["detectable"] > detectable_difference(0.1, 3) and two[0]["detectable"] is None
 
 
-@pytest.mark.parametrize(("sd", "n"), [(0.02, 3), (1.0, 5), (0.5, 10)])
-def test_the_detectable_difference_is_detected_four_times_in_five(sd, n):
-    """Simulated seeds: n normal per-seed differences whose mean is the detectable difference and whose sd is `sd`;
-    scipy's one-sample t-test (its own code path) rejects at 5% in 80% of 20,000 draws (binomial sd 0.3%)."""
+def test_the_same_test_in_two_tables_is_counted_once():
+    """Cells of equal key are one test: three cells, two of one key, are a family of 2 (Holm 2 x 0.02 = 0.04 for the
+    pair, not 3 x 0.02 = 0.06), and the returned m says so; without keys the three are three tests."""
+    def cells():
+        return [{"difference": 0.1, "p": 0.02, "sd": 0.1, "n": 3}, {"difference": 0.1, "p": 0.02, "sd": 0.1, "n": 3},
+                {"difference": -0.1, "p": 0.5, "sd": 0.1, "n": 3}]
+
+    shared = cells()
+    assert judge(shared, ["a", "a", "b"]) == 2
+    assert [c["p_holm"] for c in shared] == pytest.approx([0.04, 0.04, 0.5])
+    assert [c["verdict"] for c in shared] == ["worse", "worse", "tie"]
+    assert shared[2]["detectable"] == pytest.approx(detectable_difference(0.1, 3, alpha=0.025))
+    apart = cells()
+    assert judge(apart) == 3 and [c["verdict"] for c in apart] == ["tie", "tie", "tie"]
+    assert apart[0]["p_holm"] == pytest.approx(0.06) and judge([]) == 0
+
+
+@pytest.mark.parametrize(("sd", "n", "alpha"), [(0.02, 3, 0.05), (1.0, 5, 0.05), (0.5, 10, 0.05), (0.02, 3, 0.05 / 10),
+                                                (1.0, 5, 0.05 / 23)])
+def test_the_detectable_difference_is_detected_four_times_in_five(sd, n, alpha):
+    """Simulated seeds: n normal per-seed differences whose mean is the detectable difference at level `alpha` (5%,
+    or a Holm family's 5% / m) and whose sd is `sd`; scipy's one-sample t-test (its own code path) rejects at that
+    level in 80% of 20,000 draws (binomial sd 0.3%)."""
     stats = pytest.importorskip("scipy.stats")
     import numpy as np
 
-    delta = detectable_difference(sd, n)
+    delta = detectable_difference(sd, n, alpha=alpha)
     draws = np.random.default_rng(0).normal(delta, sd, size=(20_000, n))
-    rejected = stats.ttest_1samp(draws, 0.0, axis=1).pvalue < 0.05
+    rejected = stats.ttest_1samp(draws, 0.0, axis=1).pvalue < alpha
     assert rejected.mean() == pytest.approx(0.80, abs=0.012)
     # a smaller n detects only a larger difference; no spread, no test
-    assert detectable_difference(sd, n + 2) < delta
+    assert detectable_difference(sd, n + 2, alpha=alpha) < delta
     assert detectable_difference(None, n) is None and detectable_difference(0.0, n) == 0.0
