@@ -24,7 +24,7 @@ from .. import ds_config as ds_config_reader
 from ..hardware import DEVICES, GPUS
 from ..presets import ARCHITECTURES, PRESETS, model_config, parameter_counts
 from .plan_advice import advise
-from .planner import Plan, gib_text, host_line, plan, plan_config, plan_ds_config
+from .planner import Plan, host_line, host_parts_text, plan, plan_config, plan_ds_config
 
 # the planner's entry points stay importable from here, the module the command and the docs name
 __all__ = ["SCENARIOS", "Plan", "main", "plan", "plan_config", "plan_ds_config", "projections_markdown",
@@ -33,6 +33,8 @@ __all__ = ["SCENARIOS", "Plan", "main", "plan", "plan_config", "plan_ds_config",
 BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 EXTERNAL = BENCHMARKS_DIR / "external"
 EXTERNAL_LABEL = "external reference: an independent 1.1B Llama, not this project's code"
+# The least --host_ram_gib taken: the smallest figure one decimal states (a machine's RAM, printed with one decimal)
+MIN_HOST_RAM_GIB = 0.1
 
 
 def cpu_measurements() -> list[dict]:
@@ -138,8 +140,12 @@ def projections_markdown(config_dir: str = ds_config_reader.SHIPPED_DIR, mfu: fl
         f"tokens per parameter), {100 * mfu:.0f}% MFU assumed, "
         "prices from `adaptive_ds/hardware.py`. Loss, perplexity and routing statistics are not projected: only a "
         "training run measures them, and none has run at these scales yet. CPU RAM is per GPU, beside the RAM per "
-        "GPU of the usual cloud instance with that GPU (`adaptive_ds/hardware.py`). Under each table, what runs "
-        "instead of a row that does not: the planner's advice, each advised config planned again.",
+        "GPU of the usual cloud instance with that GPU (`adaptive_ds/hardware.py`): ZeRO-Offload's buffers as "
+        "DeepSpeed allocates them at the config's gradient accumulation (one buffer per parameter in the training "
+        "precision above 1), and where the config pins them (`pin_memory`) each pinned buffer rounded up to the "
+        "next power of two, as torch's CUDA pinned allocator takes it (read from torch's source, not measured). "
+        "Under each table, what runs instead of a row that does not: the planner's advice, each advised config "
+        "planned again.",
     ]
     for preset in dict.fromkeys(s[0] for s in SCENARIOS):
         budget = 20 * parameter_counts(model_config(preset, "dense", 32000)).total
@@ -217,6 +223,8 @@ def format_plan(p: Plan, advice: list = (), init_from: str | None = None) -> str
         f"  predicted peak: {p.peak_gib:.2f} GiB of {p.gpu_memory_gib:.0f} GiB -> {p.verdict}",
     ]
     lines.append(f"  {host_line(p)}")
+    if host_parts_text(p):
+        lines.append(f"    {host_parts_text(p)}")
     if not p.runs:
         lines.append("  what runs instead (each planned again; --json prints its ds_config):" if advice else
                      "  nothing this planner can change runs: use a GPU with more memory")
@@ -236,12 +244,18 @@ def check(args: argparse.Namespace) -> None:
     run reads it, and an --init_from that is a folder that exists or a Hub id; ValueError in one line."""
     from .. import pretrained
 
+    if args.write or args.validate:
+        ignored = [f"--{name}" for name in ("host_ram_gib", "gpus_per_host") if getattr(args, name) is not None]
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)} plan one configuration; --validate and --write plan the "
+                             "measured and the shipped ones with their usual hosts: pass one or the other")
     if args.write:
         if not os.path.isfile(args.write):
             raise ValueError(f"{args.write!r} not found; pass the path of BENCHMARKS.md")
         return
     if args.validate:
         return
+    host_options(args.host_ram_gib, args.gpus_per_host, 1)  # its figures, before anything is planned
     if not args.gpu or not (args.preset or args.init_from):
         raise ValueError("--preset (or --init_from) and --gpu are required (or --validate, or --write)")
     if args.ds_config:
@@ -328,12 +342,13 @@ def host_options(host_ram_gib: float | None, gpus_per_host: int | None, gpus: in
         raise ValueError(f"--gpus_per_host {gpus_per_host}: the GPUs on each machine, a positive count")
     if host_ram_gib is None:
         return {}
-    if not (math.isfinite(host_ram_gib) and host_ram_gib > 0):
-        raise ValueError(f"--host_ram_gib {host_ram_gib}: the CPU RAM of each machine in GiB, a positive number "
-                         "(e.g. 12.7)")
+    if not (math.isfinite(host_ram_gib) and host_ram_gib >= MIN_HOST_RAM_GIB):
+        raise ValueError(f"--host_ram_gib {host_ram_gib:g}: the CPU RAM of each machine in GiB, a finite number of "
+                         f"at least {MIN_HOST_RAM_GIB} (e.g. 12.7)")
     sharing = gpus_per_host or gpus
+    # more GPUs (the advice's) are more such machines: each keeps its share
     return {"host_memory_gib": host_ram_gib / sharing,
-            "host_detail": f"--host_ram_gib {gib_text(host_ram_gib)} shared by {sharing} GPU{'s' * (sharing > 1)}"}
+            "host_detail": f"--host_ram_gib {host_ram_gib:.1f} on each machine of {sharing} GPU{'s' * (sharing > 1)}"}
 
 
 def init_from_model(name: str, arch: str, preset: str | None) -> tuple[str | None, int, dict, int]:

@@ -9,8 +9,10 @@ Everything here is a projection from a stated model, not a measurement:
   the data-parallel ranks as the ZeRO stage partitions them (1: optimizer, 2: + gradients, 3: + weights);
   experts are split over `ep_size` first and their states partitioned over the remaining data-parallel ranks;
   offloaded optimizer states (ZeRO-Offload) sit in CPU RAM instead, beside the copy of the partition in the training
-  precision that the offload stages the updated weights through, and one gradient buffer of the largest parameter's
-  size on each side (`state_bytes`, `largest_parameter`);
+  precision that the offload stages the updated weights through, one gradient buffer of the largest parameter's
+  size on each side, and with gradient accumulation a buffer per parameter (`state_bytes`, `largest_parameter`);
+  pinned (`pin_memory`) on a GPU host, each pinned buffer as torch's CUDA pinned allocator takes it, the next power
+  of two of its size (`planner_host`);
 - activations per token and layer, counted from the block's saved tensors (half precision bytes): attention
   8h + 4kv (norm input and output, q/k/v, attention output; SDPA keeps no score matrix), SwiGLU 4h + 8f
   (norm input and output, gate, up, silu, product); an MoE MLP stores k expert passes; a MoD-routed block
@@ -40,6 +42,7 @@ from ..hardware import DEVICES
 from ..models.configuration import AdaptiveDSConfig
 from ..models.upcycling import SHAPE_FIELDS
 from ..presets import PRESETS, VARIANTS, ParameterCounts, block_parameters, model_config, pad_vocab, parameter_counts
+from .planner_host import offload_host_bytes
 
 GIB = 2**30
 
@@ -53,13 +56,22 @@ class Layout:
     offload_optimizer: bool
     half_precision: bool
     activation_checkpointing: bool
+    accumulation: int = 1  # gradient_accumulation_steps
+    pin_memory: bool = False  # the offloaded optimizer's host buffers are pinned (offload_optimizer.pin_memory)
 
     @classmethod
-    def from_ds_config(cls, ds_config: dict, activation_checkpointing: bool) -> Layout:
+    def from_ds_config(cls, ds_config: dict, activation_checkpointing: bool, gpus: int | None = None) -> Layout:
+        """`gpus`: the ranks, from which DeepSpeed derives the accumulation of a config that fixes train_batch_size
+        but not gradient_accumulation_steps."""
         ds = ds_config_reader.read(ds_config)
+        accumulation = ds.accumulation
+        if "gradient_accumulation_steps" not in ds_config and ds.train_batch_size and gpus:
+            accumulation = max(1, ds.train_batch_size // (ds.micro_batch * gpus))
+        offload = (ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}
         return cls(micro_batch=ds.micro_batch, zero_stage=ds.zero_stage,
                    offload_optimizer=ds.offload_optimizer != "none", half_precision=ds.half_precision,
-                   activation_checkpointing=activation_checkpointing)
+                   activation_checkpointing=activation_checkpointing, accumulation=accumulation,
+                   pin_memory=ds.offload_optimizer != "none" and bool(offload.get("pin_memory")))
 
 
 def expert_parameters(config: AdaptiveDSConfig) -> int:
@@ -77,6 +89,7 @@ class StateBytes:
     optimizer: float  # ZeRO's optimizer state from initialisation (in CPU RAM when offloaded)
     moments: float  # what the first optimizer step adds to it (Adam's moments; without offload, the grad partition)
     offloaded: bool  # the optimizer state sits in CPU RAM (ZeRO-Offload)
+    accumulated: float = 0.0  # the offload's gradient accumulation buffers (in CPU RAM, from the first micro-step)
 
 
 def state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int) -> StateBytes:
@@ -88,7 +101,10 @@ def state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: in
     the gradient partition is made at initialisation too, beside a copy of the partition in the training precision
     through which the updated weights go back to the GPU (`param_buffer_of_bit16_for_cpu_offload_groups`): 18 bytes
     in half precision. Without ZeRO, fp32 training keeps only Adam's moments beside the weights, made at the step
-    (torch's Adam makes its state lazily)."""
+    (torch's Adam makes its state lazily). Offloaded with gradient accumulation above 1, DeepSpeed also keeps a buffer
+    in the training precision for each parameter of the rank's partition, from the first micro-step on
+    (`accumulated_grads_in_cpu`, never freed; each straddling parameter whole): `w` bytes per parameter of the
+    partition."""
     groups = [(total - experts, gpus), (experts / ep_size, max(1, gpus // ep_size))]  # (parameters, ZeRO ranks)
     w = g = 2 if layout.half_precision else 4
     if not (layout.zero_stage >= 1 or layout.half_precision):
@@ -97,22 +113,26 @@ def state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: in
         at_init, at_step = 4 + 4 + w, 8
     else:
         at_init, at_step = 4, 12
-    weights = gradients = optimizer = moments = 0.0
+    # ZeRO-3's offload (stage3.py) accumulates into its fp32 gradient partition: no such buffers
+    accumulating = layout.offload_optimizer and layout.accumulation > 1 and layout.zero_stage in (1, 2)
+    weights = gradients = optimizer = moments = accumulated = 0.0
     for params, dp in groups:
         weights += params * w / (dp if layout.zero_stage >= 3 else 1)
         gradients += params * g / (dp if layout.zero_stage >= 2 else 1)
         share = params / (dp if layout.zero_stage >= 1 else 1)
         optimizer += share * at_init
         moments += share * at_step
-    return StateBytes(weights, gradients, optimizer, moments, layout.offload_optimizer)
+        accumulated += share * w if accumulating else 0
+    return StateBytes(weights, gradients, optimizer, moments, layout.offload_optimizer, accumulated)
 
 
 def model_state_bytes(total: int, experts: int, ep_size: int, layout: Layout, gpus: int,
                       optimizer_step: bool = True) -> tuple[float, float]:
     """(GPU bytes, CPU bytes) of weights, gradients and optimizer states on one rank (`state_bytes`).
-    `optimizer_step` False: before the first step, when the optimizer holds only what initialisation makes."""
+    `optimizer_step` False: before the first step, when the optimizer holds only what initialisation and the first
+    backward make."""
     states = state_bytes(total, experts, ep_size, layout, gpus)
-    optimizer = states.optimizer + (states.moments if optimizer_step else 0)
+    optimizer = states.optimizer + states.accumulated + (states.moments if optimizer_step else 0)
     gpu = states.weights + states.gradients
     return (gpu, optimizer) if states.offloaded else (gpu + optimizer, 0.0)
 
@@ -237,6 +257,12 @@ class Plan:
     price_per_gpu_hour: float
     seq_len: int
     optimizer_step: bool  # False: the peak of a forward and backward pass before any optimizer step
+    # of the peak, what is host RAM: for a CPU process, the offloaded part of its peak phase (the backward's or the
+    # step's, `_cpu_process_parts`); for a GPU plan 0 (its peak is the GPU's)
+    peak_host_gib: float = 0.0
+    accumulation: int = 1  # gradient_accumulation_steps, as DeepSpeed runs the config on `gpus`
+    accumulation_buffers_gib: float = 0.0  # of cpu_states_gib: the offload's gradient accumulation buffers
+    pinned_rounding_gib: float = 0.0  # of cpu_states_gib: torch's pinned allocator rounding pinned buffers up
 
     @property
     def runs(self) -> bool:
@@ -255,7 +281,8 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
          cpu_process: bool = False, host_memory_gib: float | None = None, seq_len: int | None = None,
          optimizer_step: bool = True, host_detail: str | None = None) -> Plan:
     """`cpu_process`: predict a CPU process's peak resident memory instead of a GPU allocator's peak
-    (`_cpu_process_bytes`); the offloaded states are then in the same memory, and `peak_gib` holds them too.
+    (`_cpu_process_parts`); the offloaded states are then in the same memory, and `peak_gib` holds them too
+    (`peak_host_gib` their part of it).
     `host_memory_gib`: the CPU RAM per GPU of the machine (default: the usual instance with that GPU,
     `adaptive_ds/hardware.py`); `host_detail`: where a given figure comes from, in words (the plan then names it
     "the host given", else "the host": an advised one). `preset` None: a model of no
@@ -264,20 +291,23 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
     seq_len = _seq_len(preset, seq_len)
     model = model_facts(preset, arch, vocab_size, model_overrides, seq_len)
     config, counts = model.config, model.counts
-    layout = Layout.from_ds_config(ds_config, activation_checkpointing)
+    layout = Layout.from_ds_config(ds_config, activation_checkpointing, gpus)
     ep_size = config.expert_parallel_size
+    states = state_bytes(counts.total, model.experts, ep_size, layout, gpus)
     states_gpu, states_cpu = model_state_bytes(counts.total, model.experts, ep_size, layout, gpus, optimizer_step)
     staging = largest_parameter(config) * (2 if layout.half_precision else 4) if layout.offload_optimizer else 0
-    states_cpu += staging  # the offload's gradient buffer in CPU RAM (its GPU twin: `_cpu_process_bytes`)
+    states_cpu += staging  # the offload's gradient buffer in CPU RAM (its GPU twin: `_cpu_process_parts`)
+    rounding = 0.0 if cpu_process else _pinned_rounding(config, layout, gpus, optimizer_step)
+    states_cpu += rounding
     without = activation_bytes(config, layout, seq_len, checkpointing=False)
     with_ckpt = activation_bytes(config, layout, seq_len, checkpointing=True)
     activations = with_ckpt if activation_checkpointing else without
-    peak = (states_gpu + activations) / GIB
+    peak, peak_host = (states_gpu + activations) / GIB, 0.0
     if cpu_process:
         adam = (_torch_adam_step_bytes(counts.total, model.experts, ep_size, layout, gpus)
                 if optimizer_step and not layout.offload_optimizer else 0)
-        states = state_bytes(counts.total, model.experts, ep_size, layout, gpus)
-        peak = _cpu_process_bytes(states, activations, staging, optimizer_step, adam) / GIB
+        device_part, host_part = _cpu_process_parts(states, activations, staging, optimizer_step, adam)
+        peak, peak_host = (device_part + host_part) / GIB, host_part / GIB
     device = DEVICES[gpu]
     host, host_label, host_detail = _host(gpu, host_memory_gib, host_detail)
     price = price if price is not None else device.price_per_hour
@@ -298,7 +328,18 @@ def plan(preset: str, arch: str, gpu: str, ds_config: dict, gpus: int = 1, token
                 flops_per_token=model.flops_per_token,
                 tokens_per_s_bound=bound, tokens_per_s_projected=projected, mfu=mfu, tokens=tokens, hours=hours,
                 cost_usd=hours * gpus * price, price_per_gpu_hour=price, seq_len=seq_len,
-                optimizer_step=optimizer_step)
+                optimizer_step=optimizer_step, peak_host_gib=peak_host, accumulation=layout.accumulation,
+                accumulation_buffers_gib=states.accumulated / GIB, pinned_rounding_gib=rounding / GIB)
+
+
+def _pinned_rounding(config: AdaptiveDSConfig, layout: Layout, gpus: int, optimizer_step: bool) -> float:
+    """What torch's CUDA pinned allocator adds to the host part of a ZeRO-1/2 offload that pins its buffers
+    (`planner_host`; ZeRO-3's offload keeps other buffers, not modelled). A CPU process has none: DeepSpeed's CPU
+    accelerator pins nothing."""
+    if not (layout.offload_optimizer and layout.pin_memory and layout.zero_stage in (1, 2)):
+        return 0.0
+    host = partial(offload_host_bytes, config, layout.half_precision, layout.accumulation, gpus, optimizer_step)
+    return host(pinned=True) - host(pinned=False)
 
 
 def _host(gpu: str, host_memory_gib: float | None, detail: str | None) -> tuple[float | None, str, str | None]:
@@ -310,25 +351,34 @@ def _host(gpu: str, host_memory_gib: float | None, detail: str | None) -> tuple[
     return device.host_memory_gib, f"the usual {gpu} host", device.host_instance
 
 
-def _cpu_process_bytes(states: StateBytes, activations: float, staging: float, optimizer_step: bool,
-                       torch_adam_step: float) -> float:
-    """A CPU process's peak resident bytes, its "GPU" and its host one memory.
+def _cpu_process_parts(states: StateBytes, activations: float, staging: float, optimizer_step: bool,
+                       torch_adam_step: float) -> tuple[float, float]:
+    """A CPU process's peak resident bytes, its "GPU" and its host one memory: (what a GPU would hold, what the
+    offload holds in host RAM) in its peak phase.
 
-    Without offload the states peak together: the weights, the gradients and the optimizer state, the copy of the
-    weights made while DeepSpeed flattens them into its contiguous buffer (a GPU allocator frees it before the
-    training peak, but the C allocator keeps it in the process) and the temporaries of torch's AdamW step, the CPU's
-    optimizer (`torch_adam_step` bytes).
+    Without offload all of it would be the GPU's, and the states peak together: the weights, the gradients and the
+    optimizer state, the temporaries of torch's AdamW step, the CPU's optimizer (`torch_adam_step` bytes), and the
+    weights' originals that DeepSpeed frees once it has flattened them into its contiguous buffer
+    (stage_1_and_2.py, `flatten_dense_tensors_aligned`).
 
-    Offloaded (ZeRO-Offload, DeepSpeed's CPU Adam), the process holds from initialisation the weights, the host's
-    optimizer state and the offload's two gradient buffers (`staging` bytes each); then either the backward pass's
-    gradients and activations (ZeRO copies each bucket of gradients into the fp32 partition and frees it, so none is
-    left at the step) or the step's Adam moments, whichever is larger: CPU Adam updates the partition in place, and
-    makes no temporaries. The flatten copy, made and freed at initialisation, is below either."""
+    Offloaded (ZeRO-Offload, DeepSpeed's CPU Adam), the process holds from initialisation the weights and the offload's
+    GPU-side gradient buffer (`staging` bytes), and on the host side the optimizer state, its gradient buffer and any
+    accumulation buffers; then either the backward pass's gradients and activations (the GPU's: ZeRO copies each
+    bucket of gradients into the fp32 partition and frees it, so none is left at the step) or the step's Adam moments
+    (the host's), whichever phase is larger: CPU Adam updates the partition in place, and makes no temporaries.
+
+    The flatten's originals are freed by the same code in both; whether their memory leaves the process is the C
+    allocator's (glibc returns a block it mapped on its own, keeps a heap block for reuse), and the recorded engine
+    phases differ on it: without offload (fp32, `benchmarks/realsize_cpu.json`) the engine phase holds a third copy
+    of the fp32 weights beside the weights and the master copy; with offload (fp16, `realsize_b1_cpu.json`), where the
+    originals are the fp32 weights and their fp16 cast, it holds neither. So they count without offload only."""
     if not states.offloaded:
         held = states.weights + states.gradients + states.optimizer + states.weights + activations
-        return held + (states.moments + torch_adam_step if optimizer_step else 0)
-    held = states.weights + states.optimizer + 2 * staging
-    return held + max(states.gradients + activations, states.moments if optimizer_step else 0)
+        return held + (states.moments + torch_adam_step if optimizer_step else 0), 0.0
+    device, host = states.weights + staging, states.optimizer + staging + states.accumulated
+    backward = (device + states.gradients + activations, host)
+    step = (device, host + states.moments) if optimizer_step else (device, host)
+    return backward if sum(backward) > sum(step) else step
 
 
 def _problems(config: AdaptiveDSConfig, layout: Layout, gpus: int, cpu_gib: float, host: float | None,
@@ -365,14 +415,29 @@ def host_memory_text(p: Plan) -> str:
     return f"{need}, of the {host_words(p.host_memory_gib, p.host_label, p.host_detail)}"
 
 
+def host_parts_text(p: Plan) -> str | None:
+    """What of a plan's offloaded host part comes from gradient accumulation and from pinning, and the assumption
+    pinning rests on (None: neither)."""
+    parts = []
+    if p.accumulation_buffers_gib:
+        parts.append(f"{p.accumulation_buffers_gib:.1f} GiB of gradient accumulation buffers (accumulation "
+                     f"{p.accumulation}: DeepSpeed keeps one per parameter in the training precision)")
+    if p.pinned_rounding_gib:
+        parts.append(f"{p.pinned_rounding_gib:.1f} GiB of pinned-memory rounding (pin_memory: torch's CUDA pinned "
+                     "allocator rounds each pinned buffer up to the next power of two)")
+    return "of which " + "; ".join(parts) if parts else None
+
+
 def host_line(p: Plan) -> str:
-    """The host RAM a plan assumes, named whether or not it offloads to it (and how to give one's own)."""
+    """The host RAM a plan assumes, named whether or not it offloads to it (and how to give one's own, unless the
+    text names the flag already)."""
     if p.cpu_states_gib:
         text = host_memory_text(p)
     else:
         text = "nothing offloaded to CPU RAM; host assumed: " + host_words(p.host_memory_gib, p.host_label,
                                                                             p.host_detail)
-    return f"host RAM: {text}" + ("" if p.host_label == "the host given" else " (--host_ram_gib: yours)")
+    yours = p.host_label == "the host given" or "--host_ram_gib" in text
+    return f"host RAM: {text}" + ("" if yours else " (--host_ram_gib: yours)")
 
 
 # Measured peaks. The GPU rows are an external reference (EXTERNAL_LABEL): an independent 1.10B Llama with b1's

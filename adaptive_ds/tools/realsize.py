@@ -4,6 +4,7 @@ it costs in host memory beside the planner's projection.
     python -m adaptive_ds.tools.realsize [--models Llama-3.2-1B Qwen2.5-0.5B SmolLM2-360M] [--seq_len 256] [--wait S]
     python -m adaptive_ds.tools.realsize --build CONFIG_JSON FOLDER
     python -m adaptive_ds.tools.realsize --preset b1 --layers 2 4 8 --ds_config ds_configs/b1_t4.json [--seq_len 256]
+    python -m adaptive_ds.tools.realsize --restate benchmarks/realsize_b1_cpu.json [--benchmarks_md BENCHMARKS.md]
 
 The published configs are tests/fixtures/published_configs/ (each with its source). `--build` makes a folder of one:
 that config, read and saved by transformers; random weights made here (seeded) in the config's dtype, saved as
@@ -26,8 +27,13 @@ machine's memory: run it alone. Before each measurement it waits up to --wait se
 the planner projects, and ends in one line without it.
 
 With --layers, the width mode (`realsize_width`): a preset's model at its width with those layer counts, on the
-engine of --ds_config as configured (ZeRO-Offload included), measured, fitted to a line and extrapolated to the
-preset's depth beside the planner; report `realsize_<preset>_cpu.json`, section ``<!-- realsize:<preset>:cpu -->``.
+engine of --ds_config as configured (ZeRO-Offload included) but at micro-batch 1 without accumulation, measured,
+fitted to a line and extrapolated to the preset's depth beside the planner; report `realsize_<preset>_cpu.json`,
+section ``<!-- realsize:<preset>:cpu -->``. It checks the largest depth's projected peak against the machine before it
+measures any, and takes a --seq_len up to the preset's.
+`--restate REPORT` rewrites a width report (and, with --benchmarks_md, its section) with its projections and host
+question worked out anew by this version's planner from its recorded measurements; nothing is measured (a --models
+report keeps the projections it recorded).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import psutil
 
 from ..hardware import GPUS
 from ..markdown_sections import replace_section
-from ..presets import PRESETS
+from ..presets import NO_PRESET_SEQ_LEN, PRESETS
 from . import realsize_width
 from .realsize_process import GIB, measure, phases_over_start, run_tool, wait_for_memory
 from .report import add_publish_arguments, check_markdown_path, commit, machine, write_report
@@ -50,6 +56,7 @@ from .report import add_publish_arguments, check_markdown_path, commit, machine,
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "tests" / "fixtures" / "published_configs"
 KEY = "realsize:cpu"
+WIDTH_HEADING = "A preset's width on CPU ({preset}): host memory, fitted"
 __all__ = ["GIB", "build_folder", "ensure_folder", "main", "markdown", "run_benchmark", "wait_for_memory"]
 # Config fields that describe the file rather than the model: who wrote it, and its dtype's old spelling
 _WRITER_FIELDS = ("transformers_version", "torch_dtype", "dtype", "architectures", "_name_or_path")
@@ -268,6 +275,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="wait up to this long for the memory a measurement needs (default: refuse at once)")
     p.add_argument("--build", nargs=2, metavar=("CONFIG_JSON", "FOLDER"),
                    help="instead: build one folder of the config (random weights, embedded tokenizer) and stop")
+    p.add_argument("--restate", metavar="REPORT",
+                   help="instead: work a width report's projections and host question out anew from its recorded "
+                        "measurements and rewrite it (and its section, with --benchmarks_md); nothing is measured")
     add_publish_arguments(p, "realsize_cpu.json")
     return p
 
@@ -279,7 +289,51 @@ def check(args: argparse.Namespace) -> None:
             raise ValueError(f"--build {args.build[0]!r}: no such file; pass a model's config.json")
         return
     check_markdown_path(args.benchmarks_md)
+    if args.restate:
+        others = [flag for flag, on in (("--layers", args.layers is not None), ("--models", args.models)) if on]
+        if others:
+            raise ValueError(f"--restate rewrites a report without measuring: drop {', '.join(others)}")
+        _width_report(args.restate)
+        return
     _width_preset(args, _parser())
+    if args.layers is None and args.seq_len > NO_PRESET_SEQ_LEN:
+        raise ValueError(f"--seq_len {args.seq_len}: at most {NO_PRESET_SEQ_LEN}, the longest a run of a folder "
+                         "trains at (its max_position_embeddings up to the longest preset's seq_len)")
+
+
+WIDTH_REPORT_KEYS = ("preset", "ds_config", "seq_len", "vocab_size", "preset_layers", "models", "fit", "host")
+
+
+def _width_report(path: str) -> dict:
+    """The width report at `path` (what --restate rewrites), or ValueError in one line."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--restate {path}: no such file; pass a width report (benchmarks/realsize_<preset>_cpu.json)")
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--restate {path}: not a JSON report ({error})") from None
+    missing = [key for key in WIDTH_REPORT_KEYS if key not in report] if isinstance(report, dict) else ["all"]
+    if missing:
+        raise ValueError(f"--restate {path}: not a width report (no {', '.join(missing)}; a --models report keeps "
+                         "its recorded projections)")
+    return report
+
+
+def _restate(path: str, benchmarks_md: str | None) -> None:
+    """--restate: the width report at `path` restated (`realsize_width.restate`) and written back, with its section."""
+    try:
+        report = realsize_width.restate(_width_report(path))
+    except (ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"error: --restate {path}: {error!r}" if not isinstance(error, ValueError) else
+                         f"error: {error}") from None
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    if benchmarks_md:
+        replace_section(benchmarks_md, f"realsize:{report['preset']}:cpu", markdown(report),
+                        WIDTH_HEADING.format(preset=report["preset"]))
+    print(f"restated {path}" + (f" and its section in {benchmarks_md}" if benchmarks_md else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -297,9 +351,12 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: --build {config_path}: {error}") from None
         print(f"built {folder}")
         return
+    if args.restate:
+        _restate(args.restate, args.benchmarks_md)
+        return
     preset = _width_preset(args, p)
     if preset is not None:
-        key, heading = f"realsize:{preset}:cpu", f"A preset's width on CPU ({preset}): host memory, fitted"
+        key, heading = f"realsize:{preset}:cpu", WIDTH_HEADING.format(preset=preset)
         report = realsize_width.run_width_benchmark(preset, args.ds_config, args.layers, args.seq_len,
                                                     args.vocab_size, args.gpu, args.wait)
     else:
@@ -337,6 +394,9 @@ def _width_preset(args, parser: argparse.ArgumentParser) -> str | None:
     preset = args.preset or raw.get("adaptive_ds", {}).get("preset")
     if preset not in PRESETS:
         raise ValueError(f"{args.ds_config} names no preset: pass --preset ({', '.join(PRESETS)})")
+    if args.seq_len > PRESETS[preset].seq_len:
+        raise ValueError(f"--seq_len {args.seq_len}: at most {PRESETS[preset].seq_len}, preset {preset}'s context "
+                         "(the sequence its runs train at)")
     return preset
 
 

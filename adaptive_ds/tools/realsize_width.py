@@ -13,10 +13,14 @@ optimizer step. Measured: the process's peak resident set over its resident set 
 
 The accounting on a machine without a GPU: the states a GPU would hold and those offloaded to the host share one RAM,
 so the measured peak is compared with the planner's whole projection for a CPU process (`planner.plan`,
-`cpu_process`: the "device" part and the host part together). Fitted: a least-squares line of the measured peaks
-against the layer count, extrapolated to the preset's depth, which is not measured. The host question: the host part
-the planner projects for the config as configured on --gpu, and the fitted one-RAM peak (what the host holds on a
-machine without a GPU, and more than it holds beside one), against the RAM of the usual host and of `HOSTS`.
+`cpu_process`: the "device" part and the host part of its peak phase, the backward's or the step's). Fitted: a
+least-squares line of the measured peaks against the layer count, extrapolated to the preset's depth, which is not
+measured. The host question: the host part the planner projects for the config as configured on --gpu (its gradient
+accumulation and pinned memory included, which the measurement at accumulation 1 on a CPU has not), beside the fitted
+one-RAM peak, against the RAM of the usual host and of `HOSTS`: a host fits when it holds the larger of the two.
+
+`--restate REPORT` works a width report's projections and host question out anew from its recorded measurements with
+this version's planner (`restate`); nothing is measured.
 """
 
 from __future__ import annotations
@@ -38,17 +42,34 @@ HOSTS = {"t4": {"Colab (T4)": 12.7, "Kaggle (T4)": 29.0}}
 
 def projection(preset: str, engine: str, layers: int, seq_len: int, vocab_size: int) -> dict:
     """The planner's peak for a CPU process training `preset` with `layers` layers on `engine`'s engine at micro-batch
-    1 (the GPU only names a device for the plan: a CPU process's peak does not depend on it): the whole, and its
-    host part (the offloaded states) and the rest (what a GPU would hold)."""
+    1 (the GPU only names a device for the plan: a CPU process's peak does not depend on it): the whole, its peak
+    phase (the backward's, or the optimizer step's), and that phase's host part (the offloaded states) and the rest
+    (what a GPU would hold)."""
     from .planner import plan_ds_config
     from .realsize_run import engine_config, width_block
 
     block = {**width_block(engine, layers), "preset": preset}
-    planned = plan_ds_config(preset, block.get("arch", "dense"), "h200", engine_config(block, engine), 1,
-                             vocab_size=vocab_size, cpu_process=True, seq_len=seq_len)
-    return {"projected_gib": planned.peak_gib, "projected_host_gib": planned.cpu_states_gib,
-            "projected_device_gib": planned.peak_gib - planned.cpu_states_gib,
+    config = engine_config(block, engine)
+    planned, backward = (plan_ds_config(preset, block.get("arch", "dense"), "h200", config, 1, vocab_size=vocab_size,
+                                        cpu_process=True, seq_len=seq_len, optimizer_step=step)
+                         for step in (True, False))
+    return {"projected_gib": planned.peak_gib, "projected_host_gib": planned.peak_host_gib,
+            "projected_device_gib": planned.peak_gib - planned.peak_host_gib,
+            "projected_phase": "forward_backward" if planned.peak_gib == backward.peak_gib else "step",
             "planned_parameters": planned.total_parameters}
+
+
+def check_memory(preset: str, engine: str, layer_counts: list[int], seq_len: int, vocab_size: int,
+                 wait_s: float) -> None:
+    """Before anything is measured: the largest layer count's projected peak (and a margin for the process's runtime)
+    must fit this machine, and be available now unless the run may wait for it (SystemExit in one line)."""
+    needed = max(projection(preset, engine, n, seq_len, vocab_size)["projected_gib"] for n in layer_counts) + 0.5
+    memory = psutil.virtual_memory()
+    if needed > memory.total / GIB:
+        raise SystemExit(f"error: --layers {max(layer_counts)} needs about {needed:.1f} GiB (the planner's peak and "
+                         f"a margin), more than this machine's {memory.total / GIB:.1f} GiB: pass fewer layers")
+    if not wait_s:
+        wait_for_memory(needed, 0.0)
 
 
 def measure_layers(preset: str, engine: str, layers: int, seq_len: int, vocab_size: int, wait_s: float) -> dict:
@@ -71,20 +92,37 @@ def fit_line(layers: list[int], peaks: list[float]) -> dict:
             "residuals_gib": {str(n): float(p - (intercept + slope * n)) for n, p in zip(layers, peaks, strict=True)}}
 
 
-def host_question(preset: str, engine: str, gpu: str, fitted_gib: float) -> dict:
-    """The preset at its own depth on `engine` as configured, on `gpu`: the host part the planner projects, beside
-    the RAM of the usual host with that GPU and of the hosts `HOSTS` names."""
-    from .planner import plan_config
+def host_question(preset: str, engine: str, gpu: str, fitted_gib: float, vocab_size: int) -> dict:
+    """The preset at its own depth and `vocab_size` on `engine` as configured (its gradient accumulation and pinned
+    memory included), on `gpu`: the host part the planner projects and what of it accumulation and pinning make,
+    beside the fitted one-RAM peak and the RAM of the usual host with that GPU and of the hosts `HOSTS` names."""
+    from .planner import Layout, plan_ds_config
 
-    planned = plan_config(preset, ds_config_reader.load(engine).get("adaptive_ds", {}).get("arch", "dense"), gpu,
-                          ds_config_reader.resolve(engine))
+    raw = ds_config_reader.load(engine)
+    planned = plan_ds_config(preset, raw.get("adaptive_ds", {}).get("arch", "dense"), gpu, raw, vocab_size=vocab_size)
     hosts = {}
     if planned.host_memory_gib is not None:
         hosts[f"{planned.host_label}, {planned.host_detail}"] = planned.host_memory_gib
     hosts.update(HOSTS.get(gpu, {}))
-    return {"gpu": gpu, "gpus": planned.gpus, "projected_host_gib": planned.cpu_states_gib,
+    return {"gpu": gpu, "gpus": planned.gpus, "accumulation": planned.accumulation,
+            "pin_memory": Layout.from_ds_config(raw, False, planned.gpus).pin_memory,
+            "projected_host_gib": planned.cpu_states_gib,
+            "projected_accumulation_gib": planned.accumulation_buffers_gib,
+            "projected_pinned_rounding_gib": planned.pinned_rounding_gib,
             "projected_gpu_peak_gib": planned.peak_gib, "gpu_memory_gib": planned.gpu_memory_gib,
             "fitted_one_ram_gib": fitted_gib, "hosts_gib": hosts}
+
+
+def restate(report: dict) -> dict:
+    """A width report with the parts the planner makes worked out by this version from its recorded measurements and
+    fit: each layer count's projection, the projection at the preset's depth, and the host question; nothing
+    measured changes."""
+    preset, engine, seq_len, vocab = report["preset"], report["ds_config"], report["seq_len"], report["vocab_size"]
+    models = {n: {**m, **projection(preset, engine, int(n), seq_len, vocab)} for n, m in report["models"].items()}
+    at_depth = projection(preset, engine, report["preset_layers"], seq_len, vocab)
+    fit = {**report["fit"], **{f"{key}_at_preset": value for key, value in at_depth.items()}}
+    return {**report, "models": models, "fit": fit,
+            "host": host_question(preset, engine, report["host"]["gpu"], fit["fitted_gib_at_preset"], vocab)}
 
 
 def engine_facts(engine: str) -> dict:
@@ -114,20 +152,20 @@ def run_width_benchmark(preset: str, engine: str, layer_counts: list[int], seq_l
     import torch
     import transformers
 
+    check_memory(preset, engine, layer_counts, seq_len, vocab_size, wait_s)
     models = {str(n): measure_layers(preset, engine, n, seq_len, vocab_size, wait_s) for n in layer_counts}
     depth = PRESETS[preset].num_hidden_layers
     fit = fit_line(layer_counts, [models[str(n)]["measured_gib"] for n in layer_counts])
     fitted = fit["intercept_gib"] + fit["slope_gib_per_layer"] * depth
-    at_depth = projection(preset, engine, depth, seq_len, vocab_size)
-    return {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
-            "command": width_command(preset, engine, layer_counts, seq_len, vocab_size, gpu),
-            "torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
-            "machine_memory_gib": psutil.virtual_memory().total / GIB, "ds_config": engine, "preset": preset,
-            "vocab_size": vocab_size, **engine_facts(engine), "micro_batch": 1, "seq_len": seq_len,
-            "preset_layers": depth, "models": models,
-            "fit": {**fit, "layers": layer_counts, "fitted_gib_at_preset": fitted, "measured_at_preset": False,
-                    **{f"{key}_at_preset": value for key, value in at_depth.items()}},
-            "host": host_question(preset, engine, gpu, fitted)}
+    return restate({
+        "date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(),
+        "command": width_command(preset, engine, layer_counts, seq_len, vocab_size, gpu),
+        "torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
+        "machine_memory_gib": psutil.virtual_memory().total / GIB, "ds_config": engine, "preset": preset,
+        "vocab_size": vocab_size, **engine_facts(engine), "micro_batch": 1, "seq_len": seq_len,
+        "preset_layers": depth, "models": models,
+        "fit": {**fit, "layers": layer_counts, "fitted_gib_at_preset": fitted, "measured_at_preset": False},
+        "host": {"gpu": gpu}})
 
 
 def _gib(value: float) -> str:
@@ -143,27 +181,35 @@ def _engine_words(report: dict) -> str:
     return f"{precision}, ZeRO-{report['zero_stage']}{offload}{checkpointing}"
 
 
+PHASES = {"load": "load", "engine": "engine", "forward_backward": "backward", "step": "step"}
+
+
 def _measured_rows(report: dict) -> list[str]:
     rows = []
     for n, m in report["models"].items():
+        measured = PHASES[max(m["phases_gib"], key=m["phases_gib"].get)]
         rows.append(f"| {n} | {m['parameters']:,} / {m['planned_parameters']:,} | {_gib(m['measured_gib'])} | "
                     f"{_gib(m['projected_device_gib'])} + {_gib(m['projected_host_gib'])} = "
-                    f"{_gib(m['projected_gib'])} | {100 * (m['projected_gib'] / m['measured_gib'] - 1):+.1f}% |")
+                    f"{_gib(m['projected_gib'])} | {measured} / {PHASES[m['projected_phase']]} | "
+                    f"{100 * (m['projected_gib'] / m['measured_gib'] - 1):+.1f}% |")
     return rows
+
+
+def host_verdict(host: dict, gib: float) -> str:
+    """A host of `gib` per GPU against the projected host part (what the config as configured keeps there beside a
+    GPU) and the fitted one-RAM peak (what the measured process needed, at accumulation 1 and unpinned, without a
+    GPU): it fits when it holds the larger of the two."""
+    projected, fitted = host["projected_host_gib"], host["fitted_one_ram_gib"]
+    if gib >= max(projected, fitted):
+        return "fits: at least the projected host part and the fitted one-RAM peak"
+    if gib < projected:
+        return "**does not fit**: the projected host part alone is more"
+    return "not settled: it holds the projected host part, not the fitted one-RAM peak (which holds the GPU's part too)"
 
 
 def _host_rows(report: dict) -> list[str]:
     host = report["host"]
-    rows = []
-    for name, gib in host["hosts_gib"].items():
-        if host["fitted_one_ram_gib"] <= gib:
-            verdict = "fits: the fitted one-RAM peak is within it (an upper bound of the host's part)"
-        elif host["projected_host_gib"] > gib:
-            verdict = "**does not fit**: the projected host part alone is more"
-        else:
-            verdict = "fits the projected host part; the fitted one-RAM peak is more (it holds the GPU's part too)"
-        rows.append(f"| {name} | {gib:g} GiB | {verdict} |")
-    return rows
+    return [f"| {name} | {gib:g} GiB | {host_verdict(host, gib)} |" for name, gib in host["hosts_gib"].items()]
 
 
 def _layers(n: int | str) -> str:
@@ -187,8 +233,11 @@ def _provenance(report: dict) -> list[str]:
         "",
         "The accounting without a GPU: what a GPU would hold and what the offload puts in host RAM share the "
         "machine's one RAM, so the measured peak (the process's peak resident set minus its resident set before the "
-        "model) is compared with the planner's device part and host part together (projected: the planner's "
-        "model for a CPU process, `adaptive_ds/tools/planner.py`).",
+        "model) is compared with the planner's device part and host part of its peak phase together (projected: the "
+        "planner's model for a CPU process, `adaptive_ds/tools/planner.py`, at this version: `--restate` works the "
+        "projections out anew from the recorded measurements). The planner's device part of the step is the "
+        "weights and the offload's GPU-side gradient buffer; of the backward, also the gradients and activations; "
+        "its host part of the step holds Adam's moments, which the backward has not yet.",
     ]
 
 
@@ -202,20 +251,41 @@ def _fit_lines(report: dict) -> list[str]:
         "which were **not measured**:", "",
         f"| {report['preset']} {report['arch']}, {depth} layers, one RAM | peak |", "|---|---|",
         f"| fitted (extrapolated from {counts} layers) | {_gib(fit['fitted_gib_at_preset'])} |",
-        f"| projected (device + host) | {_gib(fit['projected_device_gib_at_preset'])} + "
-        f"{_gib(fit['projected_host_gib_at_preset'])} = {_gib(fit['projected_gib_at_preset'])} |",
+        f"| projected (device + host, the {PHASES[fit['projected_phase_at_preset']]}'s) | "
+        f"{_gib(fit['projected_device_gib_at_preset'])} + {_gib(fit['projected_host_gib_at_preset'])} = "
+        f"{_gib(fit['projected_gib_at_preset'])} |",
     ]
 
 
+def _host_counts(host: dict) -> str:
+    """What the projected host part counts that the measurement could not: accumulation buffers, pinned rounding."""
+    parts = []
+    if host["projected_accumulation_gib"]:
+        parts.append(f"{_gib(host['projected_accumulation_gib'])} are DeepSpeed's gradient accumulation buffers at the "
+                     f"config's accumulation {host['accumulation']}, one per parameter in the training precision")
+    if host["projected_pinned_rounding_gib"]:
+        parts.append(f"{_gib(host['projected_pinned_rounding_gib'])} torch's CUDA pinned allocator rounding each "
+                     "buffer the offload pins (pin_memory on) up to the next power of two, read from torch's source "
+                     "and not measured here: DeepSpeed's CPU accelerator pins nothing, so this measurement cannot show "
+                     "it")
+    return "; of it, " + ", and ".join(parts) if parts else ""
+
+
 def _host_lines(report: dict) -> list[str]:
-    host = report["host"]
+    host, depth = report["host"], report["preset_layers"]
+    projected, fitted = host["projected_host_gib"], host["fitted_one_ram_gib"]
+    order = (f"It is below the projected host part, {_gib(projected - fitted)} less: it bounds nothing here, and a "
+             "host fits when it holds the projected host part" if fitted < projected else
+             f"It is above the projected host part, {_gib(fitted - projected)} more, as it holds what a GPU would; a "
+             "host between the two is not settled by either, and one that holds the fitted peak fits")
     return [
         f"The host of a {host['gpu']}: `{report['ds_config']}` as configured on {host['gpus']} x {host['gpu']} "
         f"({_gib(host['projected_gpu_peak_gib'])} projected on the GPU, of {host['gpu_memory_gib']:g} GiB) keeps the "
-        f"offloaded optimizer's states in host RAM, {_gib(host['projected_host_gib'])} per GPU (projected). The "
-        f"fitted one-RAM peak at {report['preset_layers']} layers, {_gib(host['fitted_one_ram_gib'])}, is what a "
-        "machine without a GPU needs, and more than the host needs beside a GPU, which holds part of it (both over the "
-        "process's resident set before the model: the runtime and the operating system need their own):", "",
+        f"offloaded optimizer's states in host RAM, {_gib(projected)} per GPU projected at {report['vocab_size']:,} "
+        f"vocabulary entries{_host_counts(host)}. The fitted one-RAM peak at {depth} layers, {_gib(fitted)}, is "
+        f"what this measurement's settings need on a machine without a GPU, at accumulation 1 and unpinned. {order} "
+        "(both over the process's resident set before the model: the runtime and the operating system need their "
+        "own):", "",
         f"| host | RAM per GPU | {report['preset']} {report['arch']} on `{report['ds_config']}` |", "|---|---|---|",
         *_host_rows(report),
     ]
@@ -229,8 +299,8 @@ def markdown(report: dict) -> str:
               for n, m in report["models"].items()]
     return "\n".join([
         *_provenance(report), "",
-        "| layers | parameters (built / planned) | measured peak | projected: device + host = one RAM | error |",
-        "|---|---|---|---|---|", *_measured_rows(report),
+        "| layers | parameters (built / planned) | measured peak | projected: device + host = one RAM | peak phase: "
+        "measured / projected | error |", "|---|---|---|---|---|---|", *_measured_rows(report),
         "", "Each phase's peak over the resident set before the model (measured):", "",
         "| layers | load | engine | forward and backward | optimizer step |", "|---|---|---|---|---|", *phases,
         "", *_fit_lines(report), "", *_host_lines(report),

@@ -93,7 +93,13 @@ def test_the_width_mode_measures_each_depth_in_its_own_process_and_fits_them(deb
         assert m["parameters"] == m["planned_parameters"] == sum(p.numel() for p in built.parameters())
         assert m["vocab_size"] == 512 and set(m["phases_gib"]) == {"load", "engine", "forward_backward", "step"}
         assert m["measured_gib"] == max(m["phases_gib"].values()) > 0
-        assert m["projected_device_gib"] + m["projected_host_gib"] == pytest.approx(m["projected_gib"])
+        # hand-worked from the built model's P parameters and largest tensor L at the step, the projected peak phase:
+        # the GPU's fp16 weights and gradient buffer (2P + 2L); the host's fp32 master and gradient partition, fp16
+        # copy, Adam's moments and its gradient buffer (18P + 2L)
+        params, largest = m["parameters"], max(p.numel() for p in built.parameters())
+        assert m["projected_phase"] == "step"
+        assert m["projected_device_gib"] * 2**30 == pytest.approx(2 * params + 2 * largest, rel=1e-9)
+        assert m["projected_host_gib"] * 2**30 == pytest.approx(18 * params + 2 * largest, rel=1e-9)
     fit = report["fit"]
     assert fit["layers"] == [1, 2] and fit["measured_at_preset"] is False
     assert fit["residuals_gib"] == pytest.approx({"1": 0.0, "2": 0.0}, abs=1e-9)  # two points: on the line
@@ -106,32 +112,82 @@ def _bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _held(zero) -> int:
+    """The bytes of every CPU tensor the ZeRO optimizer holds, reached through its attributes (lists, dicts, DeepSpeed's
+    and torch's optimizer objects, a tensor's .grad), each storage counted once."""
+    storages, seen = {}, set()
+
+    def walk(obj, depth=0):
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type == "cpu" and obj.untyped_storage().data_ptr():
+                storages[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+            if obj.grad is not None:
+                walk(obj.grad, depth + 1)
+            return
+        if id(obj) in seen or depth > 8 or isinstance(obj, torch.nn.Module):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            for value in obj.values():
+                walk(value, depth + 1)
+        elif isinstance(obj, (list, tuple, set)):
+            for value in obj:
+                walk(value, depth + 1)
+        elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
+            for value in vars(obj).values():
+                walk(value, depth + 1)
+
+    walk(zero)
+    return sum(storages.values())
+
+
 @needs("fp16")
-def test_the_planners_offloaded_states_are_the_buffers_deepspeed_allocates():
-    """The independent reference of `planner.state_bytes` and `largest_parameter` for b1_t4.json's engine: DeepSpeed's
-    own ZeRO-2 optimizer with CPU offload, its buffers summed after initialisation and after one step."""
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_the_planners_offloaded_states_are_the_buffers_deepspeed_allocates(accumulation, monkeypatch):
+    """The independent reference of `planner.state_bytes`, `largest_parameter` and `planner_host` for b1_t4.json's
+    engine: DeepSpeed's own ZeRO-2 optimizer with CPU offload on one rank, every CPU tensor it holds summed after
+    initialisation, after each micro-step and after the step (on a CPU the GPU's side is CPU tensors too: the fp16
+    weights and the GPU-side gradient buffer), and every buffer it asks its accelerator to pin (a no-op on a CPU,
+    recorded here)."""
+    from deepspeed.accelerator import get_accelerator
+
     from adaptive_ds.tools.planner import Layout, largest_parameter, state_bytes
+    from adaptive_ds.tools.planner_host import offload_host_bytes, optimizer_groups, pinned_bytes
     from adaptive_ds.tools.realsize_run import engine_config
     from adaptive_ds.training.engine import build_engine
 
+    pinned = []
+    accelerator = get_accelerator()
+    monkeypatch.setattr(accelerator, "pin_memory", lambda tensor, *a, **k: pinned.append(tensor.nbytes) or tensor)
     distributed.init_distributed()
     config = model_config("debug", "dense", 512, num_hidden_layers=1)
     model = AdaptiveDSForCausalLM(config)
     params = sum(p.numel() for p in model.parameters())
-    ds_config = engine_config({}, FP16)
+    ds_config = {**engine_config({}, FP16), "gradient_accumulation_steps": accumulation}
     del ds_config["adaptive_ds"]
     engine = build_engine(model, ds_config, warmup_steps=0, max_steps=1, min_lr_ratio=0.1)
     zero = engine.optimizer
-    assert type(zero.optimizer).__name__ == "DeepSpeedCPUAdam"
-    states = state_bytes(params, 0, 1, Layout.from_ds_config(ds_config, False), 1)
-    masters = zero.single_partition_of_fp32_groups
-    held = _bytes(masters) + _bytes(m.grad for m in masters) + _bytes(zero.param_buffer_of_bit16_for_cpu_offload_groups)
-    assert held == pytest.approx(states.optimizer, rel=1e-2)  # ZeRO pads each group's partition for alignment
-    assert _bytes(zero.bit16_groups_flat) == pytest.approx(states.weights, rel=1e-2)
+    assert type(zero.optimizer).__name__ == "DeepSpeedCPUAdam" and zero.cpu_offload_pin_memory
+    layout = Layout.from_ds_config(ds_config, False)
+    states, staging = state_bytes(params, 0, 1, layout, 1), 2 * largest_parameter(config)
     assert zero.temp_grad_buffer_for_cpu_offload.numel() == zero.temp_grad_buffer_for_gpu_offload.numel() == (
         largest_parameter(config))
-    ids = torch.randint(2, 500, (1, 32))
-    engine.backward(engine(input_ids=ids, labels=ids).loss)
-    engine.step()
-    moments = [v for state in zero.optimizer.state.values() for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")]
-    assert _bytes(moments) == pytest.approx(states.moments, rel=1e-2)
+    assert [p.numel() for p in zero.single_partition_of_fp32_groups] == pytest.approx(
+        [elements for elements, _ in optimizer_groups(config)], abs=16)  # ZeRO pads each partition for alignment
+    gpu_side = states.weights + staging
+    assert _held(zero) == pytest.approx(gpu_side + states.optimizer + staging, rel=1e-2)
+    for micro in range(accumulation):
+        ids = torch.randint(2, 500, (1, 32))
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()  # the optimizer steps at the last micro-step only
+        moments = states.moments if micro == accumulation - 1 else 0
+        held = gpu_side + states.optimizer + staging + states.accumulated + moments
+        assert _held(zero) == pytest.approx(held, rel=1e-2), micro
+    assert states.accumulated == (2 * params if accumulation > 1 else 0)
+    # what it pins, one buffer at a time: per param group the master partition, its gradient and the fp16 copy; the
+    # gradient buffer; with accumulation a buffer per parameter; not the moments, which CPU Adam makes pageable
+    tensors = list(model.parameters())
+    assert len(pinned) == 3 * len(optimizer_groups(config)) + 1 + (len(tensors) if accumulation > 1 else 0)
+    for take in (pinned_bytes, float):
+        assert sum(map(take, pinned)) == pytest.approx(
+            offload_host_bytes(config, True, accumulation, 1, False, pinned=take is pinned_bytes), rel=1e-2)
