@@ -22,7 +22,7 @@ from transformers.utils import ModelOutput
 from .configuration import AdaptiveDSConfig
 from .mod import ROUTING_MODES, AdaptiveDSCache, LayerOutput, MixtureOfDepths, MoDRouting
 from .moe import MoEFeedForward, SwiGLU, update_routing_bias
-from .rope import rotary_embedding
+from .rope import rotary_embedding, rotary_table
 
 
 class RMSNorm(nn.Module):
@@ -40,8 +40,11 @@ class RMSNorm(nn.Module):
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+    # Slices rather than chunk: the same views, but their backward is a zero-padded slice, which inductor fuses into
+    # one loop per kernel, where chunk's is a concatenation that it writes in one loop per piece (each loop a
+    # barrier of the CPU threads).
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def apply_rotary(q, k, cos, sin):
@@ -238,6 +241,28 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
                              f"cached), got {type(cache).__name__}")
         return cache
 
+    def _position_embeddings(self, hidden_states, attention_mask, key_padding_mask, position_ids, past_len):
+        """RoPE's (cos, sin) of the forward's positions: given, counted over the real tokens of a left-padded batch, or
+        past_len onwards in every sequence."""
+        config, seq_len = self.config, hidden_states.shape[1]
+        rope = (config.head_dim, config.rope_theta, hidden_states.dtype)
+        scaling = (config.rope_scaling_parameters, config.max_position_embeddings)
+        context = config.max_position_embeddings
+        if (torch.compiler.is_compiling() and position_ids is None and key_padding_mask is None
+                and past_len + seq_len <= context):
+            # Computed in the graph, cos and sin would be inlined into each kernel that rotates q or k and computed
+            # again for every element (forward and backward). Sliced from a table over the context, a constant of
+            # the graph, they are loads, of the same values: within the context a position's cos and sin depend on
+            # the position alone (dynamic scaling only changes past it).
+            table = rotary_table(context, *rope, hidden_states.device, *scaling)
+            return table[:, :, past_len:past_len + seq_len].unbind(0)
+        if position_ids is None:
+            if key_padding_mask is not None:  # left padding: count real tokens only
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -seq_len:]
+            else:
+                position_ids = torch.arange(past_len, past_len + seq_len, device=hidden_states.device)[None]
+        return rotary_embedding(position_ids, *rope, *scaling)
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 use_cache=None, **kwargs) -> AdaptiveDSModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
@@ -254,15 +279,8 @@ class AdaptiveDSModel(AdaptiveDSPreTrainedModel):
         key_padding_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_padding_mask = attention_mask.bool()
-        if position_ids is None:
-            if key_padding_mask is not None:  # left padding: count real tokens only
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -seq_len:]
-            else:
-                position_ids = torch.arange(past_len, past_len + seq_len, device=hidden_states.device)[None]
-        position_embeddings = rotary_embedding(
-            position_ids, self.config.head_dim, self.config.rope_theta, hidden_states.dtype,
-            self.config.rope_scaling_parameters, self.config.max_position_embeddings
-        )
+        position_embeddings = self._position_embeddings(hidden_states, attention_mask, key_padding_mask, position_ids,
+                                                        past_len)
 
         moe_routing, mod_routing = [], []
         for layer in self.layers:

@@ -110,3 +110,14 @@ def rotary_embedding(position_ids: torch.Tensor, head_dim: int, theta: float, dt
     if attention_factor == 1.0:
         return angles.cos().to(dtype), angles.sin().to(dtype)
     return (angles.cos() * attention_factor).to(dtype), (angles.sin() * attention_factor).to(dtype)
+
+
+@torch.compiler.assume_constant_result
+def rotary_table(length: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device,
+                 scaling: dict | None = None, max_position_embeddings: int | None = None) -> torch.Tensor:
+    """(2, 1, length, head_dim): `rotary_embedding`'s cos and sin of positions 0 .. length - 1. Marked a constant
+    result: torch.compile calls it when it traces a forward and keeps the table as a constant of the graph (its
+    arguments are Python values the graph is guarded on already: the input's device and dtype, configuration
+    fields)."""
+    positions = torch.arange(length, device=device)[None]
+    return torch.stack(rotary_embedding(positions, head_dim, theta, dtype, scaling, max_position_embeddings))

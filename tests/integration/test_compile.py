@@ -1,5 +1,8 @@
 """`--compile` traces the dense and MoD training step as one graph: no graph breaks (each would split the step
-into separately compiled pieces with eager Python between them)."""
+into separately compiled pieces with eager Python between them); RoPE's cos and sin are a constant of the graph,
+with eager's values."""
+
+import copy
 
 import deepspeed
 import pytest
@@ -41,3 +44,42 @@ def test_compiled_step_has_no_graph_breaks(arch):
     assert counts["graph_breaks"] == 0, torch._dynamo.utils.counters["graph_break"]
     assert counts["graphs"] == 1  # one graph, compiled once: no recompilation across steps
     assert torch.isfinite(torch.tensor(counts["loss"]))
+
+
+def _graph_ops(model, **inputs) -> tuple[set[str], torch.Tensor]:
+    """The names of the ops in the graph dynamo traces of `model`'s forward, and the logits it computes (traced and
+    run by the eager backend: the same kernels as eager, so where the graph computes what eager does, bit for bit)."""
+    torch._dynamo.reset()
+    names = set()
+
+    def backend(gm, example_inputs):
+        names.update(node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+                     for node in gm.graph.nodes if node.op in ("call_function", "call_method"))
+        return gm.forward
+
+    with torch.no_grad():
+        logits = torch.compile(model, backend=backend)(**inputs).logits
+    return names, logits
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 2.0},
+                                     {"rope_type": "dynamic", "factor": 3.0},
+                                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16}])
+def test_compiled_rope_is_a_constant_of_the_graph_with_eagers_values(scaling):
+    """Compiled, RoPE's cos and sin are a table the graph holds (computed in the graph, inductor would inline them
+    into every kernel that rotates q and k and compute them again per element, forward and backward); sliced at
+    the forward's positions, the table holds the values eager computes, so the logits are eager's bit for bit, at
+    the start of a sequence and past a cached prefix."""
+    torch.manual_seed(0)
+    model = AdaptiveDSForCausalLM(tiny_config("dense", rope_scaling_parameters=scaling)).eval()
+    ids = torch.randint(2, 64, (2, 24))
+    names, logits = _graph_ops(model, input_ids=ids, use_cache=False)
+    assert not names & {"cos", "sin"}, sorted(names)
+    with torch.no_grad():
+        assert torch.equal(logits, model(input_ids=ids, use_cache=False).logits)
+        prefix = model(input_ids=ids[:, :16], use_cache=True).cache
+        expected = model(input_ids=ids[:, 16:], cache=copy.deepcopy(prefix)).logits
+    names, logits = _graph_ops(model, input_ids=ids[:, 16:], cache=copy.deepcopy(prefix))
+    assert not names & {"cos", "sin"}, sorted(names)
+    assert torch.equal(logits, expected)
