@@ -118,7 +118,7 @@ def test_bad_input_gets_one_line_and_nothing_is_removed(moe_run, tmp_path):
     assert "no checkpoint tag 'step00000009'" in _one_line_error([str(checkpoints), str(tmp_path / "o3"),
                                                                    "--tag", "step00000009"])
     assert "step00000001" in _one_line_error([str(checkpoints), str(tmp_path / "o3"), "--tag", "step00000009"])
-    assert "is not a directory" in _one_line_error([str(tmp_path / "missing"), str(tmp_path / "o4")])
+    assert "is no folder" in _one_line_error([str(tmp_path / "missing"), str(tmp_path / "o4")])
 
     used = tmp_path / "used"
     used.mkdir()

@@ -41,7 +41,7 @@ def repo(tmp_path):
 def test_a_change_of_the_measured_code_after_the_sections_commit_makes_it_stale_since_the_first(repo):
     measured = _commit(repo, "adaptive_ds/models/model.py", "v1\n")
     _commit(repo, "README.md", "docs\n")
-    _commit(repo, "adaptive_ds/tools/benchmark.py", "how a section is worded\n")
+    _commit(repo, "adaptive_ds/tools/grid.py", "another tool\n")
     assert staleness.staleness(measured, THROUGHPUT, repo).label is None  # nothing it measures changed
     first = _commit(repo, "adaptive_ds/models/model.py", "v2\n")
     _commit(repo, "adaptive_ds/training/engine.py", "wiring\n")

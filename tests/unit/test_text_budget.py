@@ -152,7 +152,7 @@ def test_a_pilot_that_never_flattens_says_so_and_proposes_its_budget(tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--data", "{tmp}/nowhere"], r"^error: --data: prepared data '.*nowhere' does not exist$"),
+    (["--data", "{tmp}/nowhere"], r"^error: --data '.*nowhere': no such directory; pass a prepared directory"),
     (["--data", "{tmp}"], r"^error: --data: '.*' is not a prepared directory \(no manifest.json\); make one"),
     (["--data", "{corpus}", "--threshold", "0"], r"^error: --threshold 0.0 must be above 0 \(nats per 1M tokens"),
     (["--data", "{corpus}", "--threshold", "-0.05"], r"^error: --threshold -0.05 must be above 0"),

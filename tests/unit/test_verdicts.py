@@ -23,7 +23,7 @@ from adaptive_ds.tools.report import section_stem
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
 SECTION = re.compile(r"^<!-- ([\w:.+-]+) -->\n(.*?)\n<!-- /\1 -->$", flags=re.S | re.M)
 SECTIONS = dict(SECTION.findall(BENCHMARKS))
-# The nine words and their other forms ("beat", "won", "lost to", "worst", "outperforms", "trails"), each
+# The nine verdict words and their other forms ("beat", "won", "lost to", "worst", "outperforms", "trails"), each
 # with the verdict it states about the sentence's subject ("lose" and "lost" only with "to": a run loses steps, a
 # node is lost).
 FORMS = {"better": r"better", "worse": r"worse|worst", "beats": r"beat|beats|beating|beaten",
