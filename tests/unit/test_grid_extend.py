@@ -6,6 +6,7 @@ the merged rows are checked against scipy.stats.ttest_rel and Holm's procedure b
 import json
 
 import pytest
+from helpers.holm import holm_reference
 from scipy import stats
 
 from adaptive_ds.tools.grid import _without_seeds, assemble, check_extension, main, run_grid
@@ -51,14 +52,6 @@ def _earlier() -> dict:
                     data_hash=HASH)
 
 
-def _holm(p_values: list[float]) -> list[float]:
-    order = sorted(range(len(p_values)), key=p_values.__getitem__)
-    adjusted, running = {}, 0.0
-    for k, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - k) * p_values[i]))
-        adjusted[i] = running
-    return [adjusted[i] for i in range(len(p_values))]
-
 
 def test_an_extension_merges_rows_budgets_failures_and_provenance():
     earlier = _earlier()
@@ -87,7 +80,7 @@ def test_an_extension_merges_rows_budgets_failures_and_provenance():
     seeds = {"mod": (1, 2, 3), "moe": (1, 3, 4)}
     p = [stats.ttest_rel([LOSSES[v][s - 1] for s in seeds[v]], [LOSSES["dense"][s - 1] for s in seeds[v]]).pvalue
          for v in ("mod", "moe")]
-    for name, adjusted in zip(("mod", "moe"), _holm(p), strict=True):
+    for name, adjusted in zip(("mod", "moe"), holm_reference(p), strict=True):
         cell = report["comparisons"][name]["validation_loss"]
         assert cell["n"] == 3 and cell["p_holm"] == pytest.approx(adjusted, rel=1e-9), name
         assert cell["verdict"] == ("tie" if adjusted >= 0.05 else "worse" if cell["difference"] > 0 else "better")

@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from helpers.holm import holm_reference
 from scipy import stats
 
 from adaptive_ds.tools.grid import assemble, main, restate
@@ -41,15 +42,6 @@ def _report(variants: list[str], baseline: str = "dense", name: str | None = Non
     return assemble(spec, finished, [], None, None, None)
 
 
-def _holm(p_values: list[float]) -> list[float]:
-    """Holm's adjusted p-values, by the book: the k-th smallest times (m - k + 1), never below the one before."""
-    order = sorted(range(len(p_values)), key=p_values.__getitem__)
-    adjusted, running = {}, 0.0
-    for k, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - k) * p_values[i]))
-        adjusted[i] = running
-    return [adjusted[i] for i in range(len(p_values))]
-
 
 def _p(variant: str, baseline: str) -> float:
     return stats.ttest_rel(LOSSES[variant], LOSSES[baseline]).pvalue
@@ -64,7 +56,7 @@ def test_reports_sharing_runs_are_one_family_and_each_records_it():
     other = _report(["dense", "mod"], name="elsewhere", prefix="other-")  # no run in common: a family of its own
     parent_again, child_again, other_again = restate([parent, child, other])
     tests = [("mod", "dense"), (ISO, "dense"), ("mod", ISO)]
-    expected = dict(zip(tests, _holm([_p(*t) for t in tests]), strict=True))
+    expected = dict(zip(tests, holm_reference([_p(*t) for t in tests]), strict=True))
     assert expected[("mod", ISO)] >= 0.05  # 3 x p: the child's verdict is a tie in the family
     cells = {("mod", "dense"): parent_again["comparisons"]["mod"], (ISO, "dense"): parent_again["comparisons"][ISO],
              ("mod", ISO): child_again["comparisons"]["mod"]}
@@ -100,7 +92,7 @@ def test_overlap_is_followed_from_report_to_report_and_a_repeated_test_counts_on
     restated = restate([parent, child, grandchild, repeat])
     assert {r["holm_family"]["tests"] for r in restated} == {2}  # ISO against dense (three times), mod against ISO
     tests = [(ISO, "dense"), ("mod", ISO)]
-    expected = dict(zip(tests, _holm([_p(*t) for t in tests]), strict=True))
+    expected = dict(zip(tests, holm_reference([_p(*t) for t in tests]), strict=True))
     (pair,) = restated[3]["pairs"]
     assert pair["validation_loss"]["difference"] == pytest.approx(-0.11)  # dense - ISO
     for cell in (restated[0]["comparisons"][ISO], restated[3]["comparisons"][ISO], pair):
