@@ -6,10 +6,16 @@ import subprocess
 from datetime import timedelta
 
 import deepspeed
+import matplotlib.font_manager  # noqa: F401  (see below)
 import pytest
 import torch.distributed as dist
 
 from adaptive_ds import distributed
+
+# matplotlib builds its font cache on first import, on a machine where it has none yet, and asks fontconfig
+# (`fc-list`, a process) for the system's fonts. That is the environment's one-off set-up, not the code under test
+# starting a process: it happens here, before the guard below, so that a report test that draws a figure passes on a
+# fresh machine as on one whose cache is warm.
 
 
 def _refused(what: str):
