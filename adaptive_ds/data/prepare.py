@@ -93,13 +93,26 @@ _worker_tokenizer = None
 _worker_framing: Framing | None = None
 
 
+def _pool(workers: int, tokenizer_dir: str) -> multiprocessing.pool.Pool:
+    """A fork pool whose workers start with SIGTERM blocked, until `_init_worker` restores its default: between the
+    fork and that line they would hold the calling process's handler, and a terminate then would only be noted.
+    The caller's own SIGTERM meanwhile waits, and reaches its handler when the mask is restored here."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return multiprocessing.get_context("fork").Pool(workers, _init_worker, (tokenizer_dir,))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _init_worker(tokenizer_dir: str) -> None:
     """A pool worker's start. Pool.terminate() ends the workers with SIGTERM, and a Python handler inherited from the
     calling process (the training command installs one) would only note the signal: the pool would then wait on its
     workers forever. So SIGTERM is the default again here, and SIGINT is left to the calling process, which
-    terminates the pool."""
+    terminates the pool. A worker is forked with SIGTERM blocked (`_pool`), so a terminate that comes before this
+    line (a pool that fails at once, on a loaded machine) stays pending until the default is back, and then ends it."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     global _worker_tokenizer, _worker_framing
     _worker_tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     _worker_framing = Framing.of(_worker_tokenizer)
@@ -170,7 +183,7 @@ def prepare(args: PrepareArguments, out: str, workers: int | None = None, batch_
     bar = tqdm(unit="tok", unit_scale=True, desc=f"prepare ({workers} workers)", dynamic_ncols=True)
     # Forked workers start in milliseconds; the tokenizer's own threads are off in them (one process per core).
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    with multiprocessing.get_context("fork").Pool(workers, _init_worker, (os.path.join(out, TOKENIZER_DIR),)) as pool:
+    with _pool(workers, os.path.join(out, TOKENIZER_DIR)) as pool:
         results = pool.imap(_TokenizeBatch(args.seed, args.validation_share), _batches(texts, batch_docs))
         for train_ids, train_docs, val_ids, val_docs in results:  # in the source's order: a deterministic prepare
             writers["train"].write(train_ids, train_docs)

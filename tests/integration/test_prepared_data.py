@@ -151,6 +151,16 @@ def disk_full(self, *args):
     raise OSError(28, "No space left on device")
 
 prepare._ShardWriter.write = disk_full
+if sys.argv[2] == "late":  # the second worker reaches its start after the pool is already being terminated
+    import multiprocessing, time
+    init = prepare._init_worker
+
+    def late_init(*args):
+        if multiprocessing.current_process()._identity[0] > 1:
+            time.sleep(3)
+        init(*args)
+
+    prepare._init_worker = late_init
 signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as the training command has one
 try:
     prepared(pathlib.Path(sys.argv[1]))
@@ -159,12 +169,14 @@ except OSError as error:
 """
 
 
-def test_a_prepare_that_fails_ends_in_a_process_that_handles_sigterm_itself(tmp_path):
+@pytest.mark.parametrize("worker_start", ["prompt", "late"])
+def test_a_prepare_that_fails_ends_in_a_process_that_handles_sigterm_itself(worker_start, tmp_path):
     """The training command installs a Python SIGTERM handler before it prepares a corpus. When the prepare fails
     (here: the disk is full at the first write), the pool is terminated while its workers wait on their queue: with
-    the inherited handler they outlived SIGTERM and the pool waited on them forever. Run in a process group of its
-    own, so that a hang is killed whole."""
-    proc = subprocess.Popen([sys.executable, "-c", _FAILING_PREPARE, str(tmp_path)], cwd=ROOT,
+    the inherited handler they outlived SIGTERM and the pool waited on them forever. "late": a worker that has not
+    reached its own start when the terminate comes (a loaded machine starts workers slowly) held the inherited
+    handler there too. Run in a process group of its own, so that a hang is killed whole."""
+    proc = subprocess.Popen([sys.executable, "-c", _FAILING_PREPARE, str(tmp_path), worker_start], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=90)
