@@ -70,8 +70,9 @@ def test_workers_save_and_exit_when_their_launcher_is_gone(launcher, tmp_path):
         assert [p.pid for p in launcher_chain(workers[0])][-1] == process.pid  # the chain reaches the user's process
 
         os.kill(process.pid, signal.SIGINT if launcher == "deepspeed" else signal.SIGKILL)  # that process alone
-        # (DeepSpeed's runner waits on its launch.py, which a loaded 2-core machine took past 30 s to end)
-        process.wait(timeout=120)
+        # (DeepSpeed's runner waits on its launch.py, which a loaded 2-core machine took past 30 s to end, and past
+        # 120 s with a training run beside the test suite)
+        process.wait(timeout=300)
         gone, alive = psutil.wait_procs(workers, timeout=STOPPED_WITHIN_S)
         assert not alive, log.read_text()[-3000:]
     finally:
