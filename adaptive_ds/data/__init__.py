@@ -218,8 +218,6 @@ def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "
     For streamed text `tokenizer` is `bpe:N` (trained on the first `tokenizer_sample_docs` documents) or a
     pretrained tokenizer's name or path; prepared data brings its own.
     """
-    from .streaming import StreamingData
-
     problems = source_problems(source)
     if problems:
         raise ValueError(problems[0])
@@ -230,6 +228,9 @@ def build_training_data(source: str, seq_len: int, seed: int, tokenizer: str = "
     mixture = parse_mixture(source)
     if mixture or is_prepared(source):
         return PreparedData(mixture or [(1.0, source)], seq_len, seed, workers, epoch_blocks)
+    # streamed text only: `datasets` (and pandas) is half a second of every process's start
+    from .streaming import StreamingData
+
     # A source without a usable document is refused here, before the tokenizer is trained or a worker started
     sample = itertools.islice(open_documents(source, text_field, hub_config), tokenizer_sample_docs)
     tok = load_tokenizer(tokenizer, sample)
