@@ -5,15 +5,18 @@ first checkpoint, a SIGKILL while the controller is acting. Each run is a separa
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from helpers.common import ROOT
+from helpers.common import ROOT, snapshot
 
 from adaptive_ds.distributed import DISTRIBUTED_VARIABLES
+from adaptive_ds.ds_config import ConfigError
+from adaptive_ds.training import train
 from adaptive_ds.training.checkpoint import latest_tag
 
 FAULTS_SCRIPT = str(ROOT / "tests" / "helpers" / "train_with_faults.py")
@@ -43,10 +46,8 @@ def test_a_real_allocation_failure_is_recovered_in_place_with_the_same_result(tm
     # the micro-batch until it fits, and the run's losses equal those of a run that split the step from the
     # start (the step's loss is normalised over the whole step, so the split does not matter).
     block = dict(max_steps=4, log_steps=1, warmup_steps=1, save_steps=0)
-    reference = tmp_path / "reference"
-    done = run_command([sys.executable, "launchers/train.py", "--ds_config",
-                        _small_buckets(tiny_ds_config(2, 8, **block)), "--output_dir", str(reference)])
-    assert done.returncode == 0, done.stderr[-2000:]
+    reference = tmp_path / "reference"  # in this process; the capped one in its own
+    train(["--ds_config", _small_buckets(tiny_ds_config(2, 8, **block)), "--output_dir", str(reference)])
     out = tmp_path / "run"
     config = _small_buckets(tiny_ds_config(16, 1, **block))
     done = run_command(_with_faults({"memory_cap_mb": 60}, config, out))
@@ -63,30 +64,33 @@ def test_a_real_allocation_failure_is_recovered_in_place_with_the_same_result(tm
 
 
 @pytest.mark.slow
-def test_a_run_killed_before_its_first_checkpoint_restarts_with_the_same_command(tmp_path, run_command, tiny_ds_config):
+def test_a_run_killed_before_its_first_checkpoint_restarts_with_the_same_command(tmp_path, run_command, tiny_ds_config,
+                                                                                capfd):
+    """The kill is real (a separate process); what runs after it runs in this process, as the same command would."""
     config = tiny_ds_config(4, 1, max_steps=5, save_steps=3)
     out = tmp_path / "run"
     killed = run_command(_with_faults({"kill_before_step": 3}, config, out))
     assert killed.returncode == -signal.SIGKILL
     assert [m["step"] for m in _jsonl(out / "metrics.jsonl")] == [1, 2] and latest_tag(str(out)) is None
-    again = run_command([sys.executable, "launchers/train.py", "--ds_config", config, "--output_dir", str(out)])
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "stopped before its first checkpoint; starting over" in again.stderr
+    stale = tmp_path / "stale"
+    shutil.copytree(out, stale)  # the killed run's files, for the refusal under another seed below
+    capfd.readouterr()
+    train(["--ds_config", config, "--output_dir", str(out)])
+    assert "stopped before its first checkpoint; starting over" in capfd.readouterr().err
     assert [m["step"] for m in _jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     assert [m["step"] for m in _jsonl(out / "abandoned_metrics.jsonl")] == [1, 2]
     # a directory with anything else in it is still refused, in one line, and left as it was
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    refused = run_command([sys.executable, "launchers/train.py", "--ds_config", config, "--output_dir", str(other)])
-    assert refused.returncode != 0 and "holds files of something else (notes.txt)" in refused.stderr
+    with pytest.raises(ConfigError, match=r"holds files of something else \(notes.txt\)"):
+        train(["--ds_config", config, "--output_dir", str(other)])
     assert sorted(os.listdir(other)) == ["notes.txt"]
     # and so is this run's directory under another seed (another run's files)
-    stale = tmp_path / "stale"
-    run_command(_with_faults({"kill_before_step": 2}, config, stale))
-    refused = run_command([sys.executable, "launchers/train.py", "--ds_config", config, "--output_dir", str(stale),
-                           "--seed", "7"])
-    assert refused.returncode != 0 and "another run's files" in refused.stderr.splitlines()[-1]
+    before = snapshot(stale)
+    with pytest.raises(ConfigError, match="another run's files"):
+        train(["--ds_config", config, "--output_dir", str(stale), "--seed", "7"])
+    assert snapshot(stale) == before
 
 
 def _whole_lines(path) -> list[dict]:
