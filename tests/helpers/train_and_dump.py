@@ -3,6 +3,8 @@ after one is loaded, so a test can compare the two across a change of process co
 
     [torchrun --nproc_per_node N] tests/helpers/train_and_dump.py DUMP_DIR TRAIN_ARGUMENTS...
 
+or in a test's own process, `with dumping(DUMP_DIR): train(TRAIN_ARGUMENTS)`.
+
 Each rank writes DUMP_DIR/{saved,loaded}_step<N>_rank<R>.pt: {"params": {global name: {"weight" (the module's),
 "fp32", "exp_avg", "exp_avg_sq" (ZeRO's), "step", "group" (lr, betas, ...)}}, "engine": {"global_steps",
 "scheduler"}}. Tensors are whole (gathered over the ZeRO partitions);
@@ -10,6 +12,7 @@ an expert is named by its global number (a rank holds experts ep_rank * num_loca
 from 0 locally), so dumps from different layouts name the same parameter the same way.
 """
 
+import contextlib
 import os
 import re
 import sys
@@ -65,8 +68,9 @@ def _dump(engine, dump_dir: str, event: str) -> None:
     torch.save(state, os.path.join(dump_dir, f"{event}_rank{distributed.rank()}.pt"))
 
 
-def main() -> None:
-    dump_dir, argv = sys.argv[1], sys.argv[2:]
+@contextlib.contextmanager
+def dumping(dump_dir: str):
+    """Within it, every checkpoint the Checkpointer saves or loads (in this process) is dumped to `dump_dir`."""
     save, load = manager.save, manager.load
 
     def save_and_dump(engine, output_dir, step, *args, **kwargs):
@@ -80,7 +84,16 @@ def main() -> None:
         return run_state
 
     manager.save, manager.load = save_and_dump, load_and_dump  # what the Checkpointer calls
-    train(argv)
+    try:
+        yield
+    finally:
+        manager.save, manager.load = save, load
+
+
+def main() -> None:
+    dump_dir, argv = sys.argv[1], sys.argv[2:]
+    with dumping(dump_dir):
+        train(argv)
     distributed.close()
 
 

@@ -120,7 +120,7 @@ def test_capacity_schedule_reaches_the_model(tmp_path):
 
 
 def _step_losses(tmp_path, name, micro, accum, command=None, hooks=None):
-    config = write_ds_config(tmp_path, micro, accum, max_steps=10, log_steps=1, warmup_steps=2)
+    config = write_ds_config(tmp_path, micro, accum, max_steps=6, log_steps=1, warmup_steps=2)
     out = tmp_path / name
     if command is None:
         train(["--ds_config", config, "--output_dir", str(out)], hooks=hooks)

@@ -5,12 +5,12 @@ tests/helpers/train_and_dump.py), and the losses continue the saving run's own c
 
 import json
 import shutil
-import sys
 
 import pytest
 import torch
 from helpers.common import run_command, write_ds_config
 from helpers.corpora import prepared
+from helpers.train_and_dump import dumping
 
 from adaptive_ds.training import train
 from adaptive_ds.training.checkpoint import (
@@ -36,11 +36,15 @@ def _configs(directory, arch, data=None):
     return write_ds_config(directory, 2, 1, **block), write_ds_config(directory, 2, 2, **block)
 
 
-def _run(dump, config, out, processes, *args):
-    launcher = ["torchrun", "--nproc_per_node", "2"] if processes == 2 else [sys.executable]
-    result = run_command([*launcher, HELPER, str(dump), "--ds_config", config, "--output_dir", str(out), *args])
+def _run(dump, config, out, processes, *args) -> None:
+    """Two processes: torchrun in a subprocess. One: in this process, which needs no launcher."""
+    argv = ["--ds_config", config, "--output_dir", str(out), *args]
+    if processes == 1:
+        with dumping(str(dump)):
+            train(argv)
+        return
+    result = run_command(["torchrun", "--nproc_per_node", "2", HELPER, str(dump), *argv])
     assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def _losses(out):
@@ -96,10 +100,12 @@ def _assert_continues(resumed, reference, rel):
     assert [resumed[3], resumed[4]] == pytest.approx([reference[3], reference[4]], rel=rel)
 
 
-def _assert_resumed_on_one_process(tmp_path, out, reference, config, num_experts=None):
-    result = _run(tmp_path / "resumed", config, out, 1)  # the same ds_config; ep_size 1: the default
-    assert "through DeepSpeed's universal format" in result.stderr
-    assert "gradient accumulation 2 keeps its global batch of 4 rows" in result.stderr  # re-derived
+def _assert_resumed_on_one_process(tmp_path, out, reference, config, capfd, num_experts=None):
+    capfd.readouterr()
+    _run(tmp_path / "resumed", config, out, 1)  # the same ds_config; ep_size 1: the default
+    logged = capfd.readouterr().err
+    assert "through DeepSpeed's universal format" in logged
+    assert "gradient accumulation 2 keeps its global batch of 4 rows" in logged  # re-derived
     _assert_restored(tmp_path / "saved", tmp_path / "resumed", 2, num_experts=num_experts)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2 and summary["world_size"] == 1
@@ -110,7 +116,7 @@ def _assert_resumed_on_one_process(tmp_path, out, reference, config, num_experts
 @pytest.mark.slow
 # mod's parameters convert as dense's do (no expert layout): dense stands for both; moe: the test below
 @pytest.mark.parametrize("arch", ["dense", "hybrid"])
-def test_a_two_process_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_path, arch):
+def test_a_two_process_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_path, arch, capfd):
     # dense on prepared data: its global sample index also makes 2 processes x 2 rows and 1 process x 2 x 2 rows
     # train on the same rows (the resume below continues the 2-process curve on one process)
     data = prepared(tmp_path, seq_len=256) if arch == "dense" else None
@@ -119,15 +125,16 @@ def test_a_two_process_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_
     if data:
         train(["--ds_config", one, "--output_dir", str(tmp_path / "one")])
         assert list(_losses(tmp_path / "one").values()) == pytest.approx(list(reference.values()), rel=2e-5)
-    _assert_resumed_on_one_process(tmp_path, out, reference, two, num_experts=8 if expert_parallel else None)
+    _assert_resumed_on_one_process(tmp_path, out, reference, two, capfd,
+                                   num_experts=8 if expert_parallel else None)
 
 
 @pytest.mark.slow
-def test_an_moe_checkpoint_resumes_on_one_process_and_with_another_ep_size_on_the_same_processes(tmp_path):
+def test_an_moe_checkpoint_resumes_on_one_process_and_with_another_ep_size_on_the_same_processes(tmp_path, capfd):
     out, reference, two, _ = _train(tmp_path, "moe", "--ep_size", "2")  # one 2-process run for all three
     pristine = tmp_path / "pristine"
     shutil.copytree(out, pristine)
-    _assert_resumed_on_one_process(tmp_path, out, reference, two, num_experts=8)
+    _assert_resumed_on_one_process(tmp_path, out, reference, two, capfd, num_experts=8)
 
     shutil.rmtree(out)
     shutil.copytree(pristine, out)
