@@ -274,7 +274,7 @@ class Source:
 
     def check_tokenizer(self, tokenizer, data: str) -> None:
         """The run's data must be tokenized with the folder's vocabulary; ValueError in one line otherwise."""
-        from .data import EMBEDDED_SOURCES  # the data package imports datasets: not for the planner's reads
+        from .data import EMBEDDED_SOURCES  # the data package imports torch: not for the planner's reads
 
         own = self.tokenizer()
         if own.get_vocab() != tokenizer.get_vocab():

@@ -2,6 +2,7 @@
 DeepSpeed engine: tests/unit/conftest.py refuses both); tests/integration runs the real engine, subprocesses,
 2-process runs and faults. What tests share that is not a fixture is in tests/helpers/common.py."""
 
+import logging
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ from functools import partial
 import pytest
 import torch
 from helpers import common
+from helpers.worksteal import worksteal_order
 
 from adaptive_ds.distributed import use_this_environments_ninja
 
@@ -53,6 +55,17 @@ def _signal_handlers():
             signal.signal(signum, handler)
 
 
+@pytest.fixture(autouse=True)
+def _adaptive_ds_logging():
+    """Each test leaves the `adaptive_ds` logger as it found it: a run in the test's process replaces its handler with
+    one on the stderr of that moment, which under capsys or capfd is a capture that closes with the test; a later
+    test's message would go to it ("--- Logging error ---")."""
+    logger = logging.getLogger("adaptive_ds")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
 @pytest.fixture
 def tiny_config():
     """A tiny model config of an architecture: `tiny_config("moe", num_local_experts=8)`."""
@@ -73,9 +86,12 @@ def run_command():
 
 
 def pytest_collection_modifyitems(config, items):
-    # The long multi-process runs first (a stable sort keeps each group's order): under pytest -n the workers
-    # start on them together and share out the short tests at the end, instead of waiting on a long one last.
-    items.sort(key=lambda item: "slow" not in item.keywords)
+    # The long multi-process runs first in each worker's share of the collection, then the other integration tests,
+    # the unit tests last (worksteal_order): under pytest -n the workers start on the long ones together and share
+    # out the short ones at the end, instead of waiting on a long one last. Every worker collects the same order (a
+    # function of the items and the worker count).
+    tiers = [0 if "slow" in item.keywords else 1 if "integration" in item.path.parts else 2 for item in items]
+    items[:] = worksteal_order(items, tiers, _WORKERS)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -1,6 +1,7 @@
 """Faults that really happen to the process: an allocation the operating system refuses, a SIGKILL before the
-first checkpoint, a SIGKILL while the controller is acting. Each run is a separate process
-(tests/helpers/train_with_faults.py installs the fault)."""
+first checkpoint, a SIGKILL while the controller is acting. Each fault happens in a separate process
+(tests/helpers/train_with_faults.py installs it); references, restarts and refusals that follow a kill run in the
+test's process."""
 
 import json
 import os
