@@ -13,14 +13,17 @@ from pathlib import Path
 import pytest
 from helpers.common import ROOT, free_port, logged_losses, output_within, script_env, write_ds_config
 
+from adaptive_ds.training import train
+
 MAX_STEPS, SAVE_STEPS, FAULT_STEP = 10, 3, 5  # the fault comes before step 5: the restart resumes from step 3
 TRAIN = str(ROOT / "launchers" / "train.py")
 WITH_FAULT = str(ROOT / "tests" / "helpers" / "train_with_restart_faults.py")
 
 
-def _ds_config(tmp_path: Path) -> str:
-    return write_ds_config(tmp_path, 2, 1, max_steps=MAX_STEPS, warmup_steps=2, save_steps=SAVE_STEPS, log_steps=1,
-                           collective_timeout_s=60)
+def _ds_config(tmp_path: Path, processes: int = 2) -> str:
+    """2 rows a micro-batch; on one process 2 micro-batches a step, the 2 processes' global batch."""
+    return write_ds_config(tmp_path, 2, 2 // processes, max_steps=MAX_STEPS, warmup_steps=2, save_steps=SAVE_STEPS,
+                           log_steps=1, collective_timeout_s=60)
 
 
 def _torchrun(args: list[str], cwd: Path, rendezvous: list[str], timeout: int = 420) -> str:
@@ -35,10 +38,11 @@ def _torchrun(args: list[str], cwd: Path, rendezvous: list[str], timeout: int = 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict[int, float]:
-    """The same run on the same 2 processes, never disturbed."""
+    """The same run never disturbed, in this process: one process with the same global batch (the embedded corpus
+    serves global samples by index, so it trains the same rows), equal to the 2 processes' to float32 summation
+    order."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    _torchrun([TRAIN, "--ds_config", _ds_config(tmp), "--output_dir", str(tmp / "out")], tmp,
-              ["--master_port", str(free_port())])
+    train(["--ds_config", _ds_config(tmp, processes=1), "--output_dir", str(tmp / "out")])
     return logged_losses(tmp / "out")
 
 
@@ -68,7 +72,7 @@ def test_a_restarted_run_continues_from_its_checkpoint(fault, rank, rendezvous, 
         out = tmp_path / "out"
     assert "resumed from step00000003 at step 3" in output, output[-4000:]
     assert output.count("summary: validation loss") == 1, output[-4000:]
-    assert logged_losses(out) == pytest.approx(uninterrupted, rel=1e-6, abs=0)
+    assert logged_losses(out) == pytest.approx(uninterrupted, rel=1e-5, abs=0)
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     # steps 1-3 are the first round's; 4 onward the restarted round's (its first try at step 4 was abandoned)
