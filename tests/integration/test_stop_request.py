@@ -31,9 +31,9 @@ def test_the_training_command_saves_on_sigterm_and_resumes_where_it_stopped(tmp_
     two. One process's resume runs here too; two processes' is the same command again."""
     config = tiny_ds_config(2, 2, max_steps=6, log_steps=1, warmup_steps=1)
     reference, out = tmp_path / "reference", tmp_path / "run"
-    train(["--ds_config", config if processes == 1 else tiny_ds_config(2, 4, max_steps=6, log_steps=1,
-                                                                       warmup_steps=1),
-           "--output_dir", str(reference)])
+    # the same global batch on one process: 2 rows x 2 micro-batches x the processes
+    reference_config = tiny_ds_config(2, 2 * processes, max_steps=6, log_steps=1, warmup_steps=1)
+    train(["--ds_config", reference_config, "--output_dir", str(reference)])
     launcher = ["torchrun", "--nproc_per_node", "2"] if processes == 2 else [sys.executable]
     faults = json.dumps({"signal_before_step": 3})
     done = run_command([*launcher, FAULTS_SCRIPT, faults, "--ds_config", config, "--output_dir", str(out)])

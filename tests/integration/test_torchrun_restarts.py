@@ -16,7 +16,6 @@ from helpers.common import ROOT, free_port, logged_losses, output_within, script
 from adaptive_ds.training import train
 
 MAX_STEPS, SAVE_STEPS, FAULT_STEP = 10, 3, 5  # the fault comes before step 5: the restart resumes from step 3
-TRAIN = str(ROOT / "launchers" / "train.py")
 WITH_FAULT = str(ROOT / "tests" / "helpers" / "train_with_restart_faults.py")
 
 
