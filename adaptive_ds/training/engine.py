@@ -6,7 +6,7 @@ import deepspeed
 import torch
 
 from ..models import AdaptiveDSForCausalLM
-from . import moe_adapter
+from . import deepspeed_muon, moe_adapter
 from .controller import Knobs
 from .optim import parameter_groups, scheduler_factory
 
@@ -18,6 +18,7 @@ def build_engine(model: AdaptiveDSForCausalLM, ds_config: dict, warmup_steps: in
     The model is first made DeepSpeed's to train (`moe_adapter.prepare`: its MoE MLPs in DeepSpeed's MoE layer, which
     the engine then gives its expert-parallel group), and the param groups are made on it as DeepSpeed trains it."""
     moe_adapter.prepare(model)
+    deepspeed_muon.import_muon()  # before DeepSpeed does, so that its compile waits for a Muon run's first step
     weight_decay = ds_config["optimizer"].get("params", {}).get("weight_decay", 0.0)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay), config=ds_config,
