@@ -371,10 +371,18 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep: int = 0, num_items_in_batch=None,
-                **kwargs) -> AdaptiveDSCausalLMOutput:
+                skip_logits: bool = False, **kwargs) -> AdaptiveDSCausalLMOutput:
         """`num_items_in_batch` (as in transformers' Trainer): divide the summed token losses by this count
         instead of by this batch's own target count, so that a step split into micro-batches and ranks of
-        unequal target counts weighs every target token alike."""
+        unequal target counts weighs every target token alike.
+
+        `skip_logits` (with `labels`; as Liger Kernel's): the loss, with `logits` None in the output. The trainer
+        asks for it, as it reads only the losses. Compiled, a returned logits tensor is an output of the graph,
+        and the graph's backward then takes a gradient for it, a zero tensor of (batch x seq x vocab) when only the
+        loss is backpropagated: a pass over the largest activation, to no purpose (BENCHMARKS.md,
+        throughput:debug:cpu). Eager, it changes nothing but the output."""
+        if skip_logits and labels is None:
+            raise ValueError("skip_logits needs labels: without them the logits are the only output")
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache)
         hidden_states = out.last_hidden_state
@@ -385,12 +393,21 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         lm_loss = loss = None
         if labels is not None:
             # Next-token prediction: position t predicts labels[t + 1]; -100 is ignored.
-            targets = labels[:, 1:].flatten()
-            if num_items_in_batch is None:
-                lm_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets, ignore_index=-100)
+            if torch.compiler.is_compiling():
+                # Compiled, the labels shift (the last position's target is -100, ignored) and the logits stay
+                # whole: the sliced logits would be a copy of nearly all of them, forward and backward (the
+                # gradient zero-padded back), where this is one pass (BENCHMARKS.md, throughput:debug:cpu). The
+                # same mean over the same targets; eager keeps the slice, whose reduction order the golden losses
+                # hold.
+                predicted = logits.flatten(0, 1).float()
+                targets = F.pad(labels, (0, 1), value=-100)[:, 1:].flatten()
             else:
-                lm_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets, ignore_index=-100,
-                                          reduction="sum") / num_items_in_batch
+                predicted = logits[:, :-1].flatten(0, 1).float()
+                targets = labels[:, 1:].flatten()
+            if num_items_in_batch is None:
+                lm_loss = F.cross_entropy(predicted, targets, ignore_index=-100)
+            else:
+                lm_loss = F.cross_entropy(predicted, targets, ignore_index=-100, reduction="sum") / num_items_in_batch
             loss = lm_loss
             if out.aux_loss is not None:
                 # with bias balancing the aux loss is only reported (see AdaptiveDSConfig.moe_balancing)
@@ -399,7 +416,8 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
             if out.mod_predictor_loss is not None:
                 loss = loss + self.config.mod_predictor_loss_coef * out.mod_predictor_loss
         return AdaptiveDSCausalLMOutput(
-            loss=loss, logits=logits, cache=out.cache, lm_loss=lm_loss, aux_loss=out.aux_loss, z_loss=out.z_loss,
+            loss=loss, logits=None if skip_logits else logits, cache=out.cache, lm_loss=lm_loss,
+            aux_loss=out.aux_loss, z_loss=out.z_loss,
             expert_counts=out.expert_counts, expert_dropped=out.expert_dropped, mod_routing=out.mod_routing,
             mod_predictor_loss=out.mod_predictor_loss,
         )

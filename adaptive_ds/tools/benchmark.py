@@ -16,10 +16,12 @@ hybrid at MoD capacity 0.5 in every block (what the GPU targets name); mod_paper
 default); and what a user would pick instead, under the same DeepSpeed engine: transformers' LlamaForCausalLM
 (hf_llama) and MixtralForCausalLM (hf_mixtral), built from the dense and MoE models' own weights, and HF Llama
 compiled (hf_llama_compile: `torch.compile` through DeepSpeed's `engine.compile()`, inductor), beside ours compiled
-the same way (dense_compile); the warm-up round absorbs the compilation, and each compiled case reports its graph
-breaks and the graphs compiled after warm-up (recompilations; 0 when the shapes settle). MFU counts the FLOPs of the
-tokens actually routed (`adaptive_ds.flops`) against the GPU's dense peak; on a CPU, where no peak is defined,
-achieved TFLOP/s is reported instead.
+the same way (dense_compile). Our models are called as the trainer calls them, with `skip_logits=True` (the loss
+without the logits as an output: compiled, a returned logits tensor costs the backward a zero gradient of them);
+transformers' models return their logits, as their forward always does. The warm-up round absorbs the
+compilation, and each compiled case reports its graph breaks and the graphs compiled after warm-up (recompilations;
+0 when the shapes settle). MFU counts the FLOPs of the tokens actually routed (`adaptive_ds.flops`) against the GPU's
+dense peak; on a CPU, where no peak is defined, achieved TFLOP/s is reported instead.
 
 `--generate` measures inference instead: `generate()` tokens/s of each case at equal length (the same prompts,
 the same number of new tokens, greedy, with the KV cache), beside the share of tokens each MoD block ran on.
@@ -132,6 +134,9 @@ class Case:
                                                config=_ds_config(micro_batch, precision))
         if name.endswith("_compile"):
             self.engine.compile(backend=compile_backend)
+        # ours called as the trainer calls them (the loss without the logits as an output); transformers' models
+        # return their logits, as their forward always does
+        self.call_options = {} if name.startswith("hf_") else {"skip_logits": True}
         self.rates: list[float] = []  # tokens/s of each counted round
         self.warmup_rate: float | None = None  # tokens/s of the warm-up round, not counted
         self.compiles: list[tuple[int, int]] = []  # (graph breaks, graphs compiled) during each run: warm-up first
@@ -146,7 +151,7 @@ class Case:
         start = time.perf_counter()
         for _ in range(steps):
             batch = {k: v.to(self.engine.device) for k, v in next(batches).items()}
-            out = self.engine(**batch)
+            out = self.engine(**batch, **self.call_options)
             self.engine.backward(out.loss)
             self.engine.step()
             tokens += batch["input_ids"].numel()
@@ -262,7 +267,7 @@ def measure_peak_memory(preset: str, case: str, micro_batch: int, checkpointing:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=ds_config)
     for _ in range(steps):
         ids = torch.randint(0, vocab_size, (micro_batch, seq_len), device=engine.device)
-        out = engine(input_ids=ids, labels=ids)
+        out = engine(input_ids=ids, labels=ids, skip_logits=True)  # as the trainer calls it
         engine.backward(out.loss)
         engine.step()
     if torch.cuda.is_available():

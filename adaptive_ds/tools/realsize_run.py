@@ -100,7 +100,7 @@ def measure(folder: str | None, seq_len: int, step: bool = True, load_only: bool
     engine = build_engine(model, ds_config, settings.warmup_steps, settings.max_steps, settings.min_lr_ratio)
     engine.module.apply_knobs(configured_knobs(engine, settings.activation_checkpointing))  # as the loop does
     phase("engine")
-    out = engine(**{k: v.to(engine.device) for k, v in batch.items()})
+    out = engine(**{k: v.to(engine.device) for k, v in batch.items()}, skip_logits=True)  # as the loop calls it
     engine.backward(out.loss)
     result["loss"] = float(out.loss.detach())
     del out

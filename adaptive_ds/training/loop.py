@@ -373,14 +373,14 @@ class Trainer:
             self.hooks.before_micro_batch(self, step, index, knobs.micro_batch)
             batch = {k: v[start:start + knobs.micro_batch].to(engine.device, non_blocking=True)
                      for k, v in rows.items()}
-            out = engine(**batch, num_items_in_batch=divisor)
+            out = engine(**batch, num_items_in_batch=divisor, skip_logits=True)  # only the losses are read
             self._phase = "backward"
             engine.backward(out.loss)
             self._phase = "optimizer step" if engine.is_gradient_accumulation_boundary() else "backward"
             engine.step()
             loss += out.lm_loss.detach()
             routing.append(engine.module.routing_statistics(out))
-            del out  # its logits are (micro-batch x seq x vocab): never held across micro-batches
+            del out  # never held across micro-batches
         self.metrics.add_routing(routing)  # only once the whole step succeeded: a retried step counts once
         applied = engine.was_step_applied()
         if applied:  # e.g. bias balancing: the step's expert loads move the routing bias

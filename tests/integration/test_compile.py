@@ -1,6 +1,6 @@
 """`--compile` traces the dense and MoD training step as one graph: no graph breaks (each would split the step
 into separately compiled pieces with eager Python between them); RoPE's cos and sin are a constant of the graph,
-with eager's values."""
+with eager's values; the loss reads the logits whole (the labels shift, not the logits), with eager's value."""
 
 import copy
 
@@ -83,3 +83,28 @@ def test_compiled_rope_is_a_constant_of_the_graph_with_eagers_values(scaling):
     names, logits = _graph_ops(model, input_ids=ids[:, 16:], cache=copy.deepcopy(prefix))
     assert not names & {"cos", "sin"}, sorted(names)
     assert torch.equal(logits, expected)
+
+
+@pytest.mark.parametrize("num_items", [None, 29.0])
+def test_compiled_loss_reads_the_logits_whole_and_equals_eagers(num_items):
+    """Compiled, the cross entropy takes every position's logits (batch x seq rows; the last position's target is
+    ignored) rather than a slice of them, a copy of nearly all the logits forward and backward; the loss is eager's
+    (the same targets, summed in another order)."""
+    torch.manual_seed(0)
+    model = AdaptiveDSForCausalLM(tiny_config("dense"))
+    ids = torch.randint(2, 64, (2, 24))
+    labels = ids.clone()
+    labels[1, :7] = -100
+    extra = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
+    rows = []
+
+    def backend(gm, example_inputs):
+        rows.extend(node.args[0].meta["example_value"].shape[0] for node in gm.graph.nodes
+                    if node.op == "call_function" and getattr(node.target, "__name__", "") == "cross_entropy")
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)(input_ids=ids, labels=labels, skip_logits=True, **extra)
+    assert rows == [2 * 24]
+    eager = model(input_ids=ids, labels=labels, **extra)
+    torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-6, atol=0)

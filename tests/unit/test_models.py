@@ -26,6 +26,33 @@ def test_forward_and_backward_reach_every_parameter(arch):
     assert no_grad == []
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_skip_logits_gives_the_same_losses_and_gradients_without_the_logits(arch):
+    """What the trainer asks for: the same losses and gradients, bit for bit, and no logits; without labels it is
+    refused (the logits would be the only output)."""
+    ids = torch.randint(2, 64, (3, 16))
+    labels = ids.clone()
+    labels[0, :5] = -100  # ignored targets
+    results = []
+    for skip in (False, True):
+        torch.manual_seed(3)
+        model = _model(arch)
+        out = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(40.0), skip_logits=skip)
+        out.loss.backward()
+        results.append((out, {n: p.grad for n, p in model.named_parameters()}))
+    (kept, kept_grads), (skipped, skipped_grads) = results
+    assert kept.logits.shape == (3, 16, 64) and skipped.logits is None
+    assert torch.equal(kept.loss, skipped.loss) and torch.equal(kept.lm_loss, skipped.lm_loss)
+    # the summed token losses over 40: by hand, from the kept logits
+    log_probs = torch.log_softmax(kept.logits[:, :-1].double(), -1)
+    targets = labels[:, 1:]
+    by_hand = -sum(log_probs[b, t, targets[b, t]] for b in range(3) for t in range(15) if targets[b, t] != -100) / 40
+    assert abs(kept.lm_loss.item() - by_hand.item()) < 1e-5
+    assert all(torch.equal(kept_grads[n], skipped_grads[n]) for n in kept_grads)
+    with pytest.raises(ValueError, match="skip_logits needs labels"):
+        model(input_ids=ids, skip_logits=True)
+
+
 @pytest.mark.parametrize("arch", ["mod", "hybrid"])
 def test_mod_runs_each_routed_block_on_exactly_capacity_times_seq_len_tokens(arch):
     model = _model(arch, mod_capacity=0.25, num_hidden_layers=4, mod_layer_interval=2)
