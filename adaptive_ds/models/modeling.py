@@ -376,11 +376,12 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         instead of by this batch's own target count, so that a step split into micro-batches and ranks of
         unequal target counts weighs every target token alike.
 
-        `skip_logits` (with `labels`; as Liger Kernel's): the loss, with `logits` None in the output. The trainer
-        asks for it, as it reads only the losses. Compiled, a returned logits tensor is an output of the graph,
-        and the graph's backward then takes a gradient for it, a zero tensor of (batch x seq x vocab) when only the
-        loss is backpropagated: a pass over the largest activation, to no purpose (BENCHMARKS.md,
-        throughput:debug:cpu). Eager, it changes nothing but the output."""
+        `skip_logits` (with `labels`): the losses, with `logits` None in the output; the logits are still computed,
+        for the loss. The trainer asks for it, as it reads only the losses. Compiled, a returned logits tensor is an
+        output of the graph, and the graph's backward then takes a gradient for it, a zero tensor of (batch x seq x
+        vocab) when only the loss is backpropagated: a pass over the largest activation, to no purpose (BENCHMARKS.md,
+        throughput:debug:cpu). Eager, the losses and gradients are the same, bit for bit; the output just does not
+        hold on to the logits."""
         if skip_logits and labels is None:
             raise ValueError("skip_logits needs labels: without them the logits are the only output")
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -18,7 +18,8 @@ default); and what a user would pick instead, under the same DeepSpeed engine: t
 compiled (hf_llama_compile: `torch.compile` through DeepSpeed's `engine.compile()`, inductor), beside ours compiled
 the same way (dense_compile). Our models are called as the trainer calls them, with `skip_logits=True` (the loss
 without the logits as an output: compiled, a returned logits tensor costs the backward a zero gradient of them);
-transformers' models return their logits, as their forward always does. The warm-up round absorbs the
+transformers' models return their logits, as their forward always does, and hf_llama_loss_compile is that compiled
+Llama returning only its loss, the two compiled models under the same call. The warm-up round absorbs the
 compilation, and each compiled case reports its graph breaks and the graphs compiled after warm-up (recompilations;
 0 when the shapes settle). MFU counts the FLOPs of the tokens actually routed (`adaptive_ds.flops`) against the GPU's
 dense peak; on a CPU, where no peak is defined, achieved TFLOP/s is reported instead.
@@ -53,6 +54,7 @@ from typing import NamedTuple
 
 import deepspeed
 import torch
+from transformers.modeling_outputs import CausalLMOutput
 
 from .. import distributed
 from ..data import build_training_data
@@ -82,6 +84,10 @@ CASES = {
     "hf_llama": CaseSpec("transformers LlamaForCausalLM, same weights", {"arch": "dense"}),
     # the strongest dense baseline
     "hf_llama_compile": CaseSpec("transformers LlamaForCausalLM under torch.compile", {"arch": "dense"}),
+    # the same, called as ours is: only the loss leaves the compiled module, so the two compiled models compare under
+    # the same call
+    "hf_llama_loss_compile": CaseSpec("transformers LlamaForCausalLM under torch.compile, returning only its loss",
+                                      {"arch": "dense"}),
     "moe": CaseSpec("moe (index-based dispatch)", {"arch": "moe"}),
     "moe_deepspeed": CaseSpec("moe with DeepSpeed's stock dispatch, same model and routing",
                               {"arch": "moe", "moe_dispatch": "deepspeed"}),
@@ -97,7 +103,8 @@ CASES = {
 # our models: generate() needs no conversion, and --memory measures them beside the planner
 GENERATION_CASES = ("dense", "moe", "mod", "mod_paper", "hybrid")
 RATIOS = (("moe", "moe_deepspeed"), ("mod", "dense"), ("mod_paper", "dense"), ("hybrid", "moe"), ("dense", "hf_llama"),
-          ("dense", "hf_llama_compile"), ("dense_compile", "hf_llama_compile"), ("dense_compile", "dense"),
+          ("dense", "hf_llama_compile"), ("dense_compile", "hf_llama_compile"),
+          ("dense_compile", "hf_llama_loss_compile"), ("dense_compile", "dense"),
           ("hf_llama_compile", "hf_llama"), ("moe", "hf_mixtral"))
 
 
@@ -118,6 +125,18 @@ def dynamo_counts() -> tuple[int, int]:
     return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
 
 
+class LossOnly(torch.nn.Module):
+    """A causal LM whose forward returns its loss alone: transformers' Llama called as the trainer calls ours
+    (`skip_logits=True`), so that compiled, its logits are not an output of the graph either."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **inputs) -> CausalLMOutput:
+        return CausalLMOutput(loss=self.model(**inputs).loss)
+
+
 class Case:
     def __init__(self, name: str, preset: str, vocab_size: int, micro_batch: int, precision: str, seed: int,
                  compile_backend: str = "inductor"):
@@ -127,6 +146,8 @@ class Case:
         model = AdaptiveDSForCausalLM(self.config)
         if name.startswith("hf_llama"):
             model = to_llama(model)
+            if name == "hf_llama_loss_compile":
+                model = LossOnly(model)
         elif name == "hf_mixtral":
             model = to_mixtral(model)
         moe_adapter.prepare(model)  # as the trainer's engine is built (training.engine.build_engine)
@@ -135,7 +156,7 @@ class Case:
         if name.endswith("_compile"):
             self.engine.compile(backend=compile_backend)
         # ours called as the trainer calls them (the loss without the logits as an output); transformers' models
-        # return their logits, as their forward always does
+        # return their logits, as their forward always does, but for the one wrapped in LossOnly
         self.call_options = {} if name.startswith("hf_") else {"skip_logits": True}
         self.rates: list[float] = []  # tokens/s of each counted round
         self.warmup_rate: float | None = None  # tokens/s of the warm-up round, not counted

@@ -19,7 +19,8 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     for result in report["results"].values():
         assert len(result["rounds"]) == 2 and result["tokens_per_s"] > 0 and result["mfu"] is None
         assert result["warmup_tokens_per_s"] > 0  # the warm-up round, recorded apart from the counted ones
-    assert [name for name, r in report["results"].items() if r["compiled"]] == ["dense_compile", "hf_llama_compile"]
+    compiled = [name for name, r in report["results"].items() if r["compiled"]]
+    assert compiled == ["dense_compile", "hf_llama_compile", "hf_llama_loss_compile"]
     assert set(report["ratios"]) == set(report["ratio_rounds"]) == {f"{a}/{b}" for a, b in RATIOS}
     for name, values in report["ratio_rounds"].items():  # each round's ratio, of that round's two figures
         a, b = (report["results"][case]["rounds"] for case in name.split("/"))

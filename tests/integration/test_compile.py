@@ -88,23 +88,27 @@ def test_compiled_rope_is_a_constant_of_the_graph_with_eagers_values(scaling):
 @pytest.mark.parametrize("num_items", [None, 29.0])
 def test_compiled_loss_reads_the_logits_whole_and_equals_eagers(num_items):
     """Compiled, the cross entropy takes every position's logits (batch x seq rows; the last position's target is
-    ignored) rather than a slice of them, a copy of nearly all the logits forward and backward; the loss is eager's
-    (the same targets, summed in another order)."""
+    ignored) rather than a slice of them, a copy of nearly all the logits forward and backward; with skip_logits the
+    logits are not among the graph's outputs; the loss is eager's (the same targets, summed in another order)."""
     torch.manual_seed(0)
     model = AdaptiveDSForCausalLM(tiny_config("dense"))
     ids = torch.randint(2, 64, (2, 24))
     labels = ids.clone()
     labels[1, :7] = -100
     extra = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
-    rows = []
+    rows, outputs = [], []
 
     def backend(gm, example_inputs):
         rows.extend(node.args[0].meta["example_value"].shape[0] for node in gm.graph.nodes
                     if node.op == "call_function" and getattr(node.target, "__name__", "") == "cross_entropy")
+        outputs.extend(tuple(value.meta["example_value"].shape) for node in gm.graph.nodes if node.op == "output"
+                       for value in torch.utils._pytree.tree_leaves(node.args) if isinstance(value, torch.fx.Node))
         return gm.forward
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)(input_ids=ids, labels=labels, skip_logits=True, **extra)
     assert rows == [2 * 24]
+    # with skip_logits the logits are no output of the graph (its backward would take a gradient for them)
+    assert compiled.logits is None and (2, 24, 64) not in outputs and outputs, outputs
     eager = model(input_ids=ids, labels=labels, **extra)
     torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-6, atol=0)

@@ -4,9 +4,13 @@ tests/integration/test_deepspeed_muon.py checks that a process building an engin
 
 from __future__ import annotations
 
-import torch
+import sys
 
-from adaptive_ds.training.deepspeed_muon import deferred_compile
+import pytest
+import torch
+from deepspeed.runtime import compiler
+
+from adaptive_ds.training.deepspeed_muon import deferred_compile, import_muon
 
 
 def _recording_compile(calls):
@@ -50,3 +54,27 @@ def test_a_deferred_function_through_dynamo_gives_the_eager_result():
     assert torch.equal(scaled(x), torch.tanh(x) * 3 + x.sum())
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before + 1  # dynamo traced it
 
+
+
+def test_import_muon_decorates_with_the_stand_in_and_restores_deepspeeds_compile(tmp_path, monkeypatch):
+    """A module decorated with DeepSpeed's `compile()` gets the stand-in (nothing compiles at import); after the import,
+    and after one that fails, DeepSpeed's `compile()` and `torch.compile` are what they were; a missing module is no
+    error, a failing one's error is raised."""
+    real, real_torch = compiler.compile, torch.compile
+    (tmp_path / "fake_muon.py").write_text(
+        "from deepspeed.runtime import compiler\n"
+        "@compiler.compile()\n"
+        "def update(x):\n"
+        "    return x + 1\n")
+    (tmp_path / "broken_muon.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_muon("fake_muon")
+    fake = sys.modules["fake_muon"]
+    assert not hasattr(fake.update, "_torchdynamo_orig_callable")  # not compiled at import
+    assert fake.update.__wrapped__(1) == 2
+    assert compiler.compile is real and torch.compile is real_torch
+    import_muon("no_such_muon_module")  # a DeepSpeed without Muon
+    with pytest.raises(RuntimeError, match="broken at import"):
+        import_muon("broken_muon")
+    assert compiler.compile is real and torch.compile is real_torch
+    sys.modules.pop("fake_muon")
