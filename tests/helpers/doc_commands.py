@@ -63,7 +63,7 @@ PRIOR: dict[str, dict[str, str]] = {
         "data/text_prepared": "the docstring text, prepared as docs/data.md says",
         "data/text_pinned": "the 32 MB docstring text, prepared as the text-budget section says",
         **{f"runs/base/debug-{data}-dense-seed{seed}-0/final": "a base run of docs/benchmarking.md's base grid"
-           for data in ("embedded-hard", "text-prepared") for seed in (11, 12, 13)},
+           for data in ("embedded-hard", "text-prepared", "text-pinned") for seed in (11, 12, 13)},
         **{f"runs/qwen-base/debug-embedded-hard-dense-tie-word-embeddings-true-attention-seed{seed}-0/final":
            "a base run of the Qwen-like base grid (docs/benchmarking.md)" for seed in range(11, 16)}},
 }
