@@ -65,7 +65,7 @@ from ..models.families.mixtral import to_mixtral
 from ..presets import PRESETS, model_config
 from ..training import moe_adapter
 from ..training.optim import parameter_groups
-from .benchmark_cases import CASES, GENERATION_CASES, RATIOS, CaseSpec, LossOnly  # noqa: F401 (the cases live there)
+from .benchmark_cases import CASES, GENERATION_CASES, RATIOS, LossOnly
 from .report import check_markdown_path, commit, machine, write_report
 from .staleness import write_labelled_section
 

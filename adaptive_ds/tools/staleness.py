@@ -24,8 +24,9 @@ ENGINE_WIRING = ("adaptive_ds/training/engine.py", "adaptive_ds/training/moe_ada
                  "adaptive_ds/training/optim.py")
 # The code each kind of section measures: the models and the engine they train in, the presets and variants that
 # shape each case, the FLOPs count behind a throughput section's TFLOP/s and MFU, and the harness itself
-# (tools/benchmark.py and benchmark_cases.py: its cases, their engine config and the timing). A change to the harness's wording alone marks
-# its sections stale too: the label then asks for a measurement that may find the same figures, never the reverse.
+# (tools/benchmark.py and benchmark_cases.py: its cases, their engine config and the timing). A change to the
+# harness's wording alone marks its sections stale too: the label then asks for a measurement that may find the same
+# figures, never the reverse.
 MEASURED_CODE = {
     "throughput": ("adaptive_ds/models", *ENGINE_WIRING, "adaptive_ds/flops.py", "adaptive_ds/presets.py",
                    "adaptive_ds/tools/benchmark.py", "adaptive_ds/tools/benchmark_cases.py"),
