@@ -19,6 +19,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
+from .chunked_loss import linear_cross_entropy
 from .configuration import AdaptiveDSConfig
 from .mod import ROUTING_MODES, AdaptiveDSCache, LayerOutput, MixtureOfDepths, MoDRouting
 from .moe import MoEFeedForward, SwiGLU, update_routing_bias
@@ -369,6 +370,35 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         with MoD blocks the train-time top-k, which sees the whole sequence."""
         return ("causal", "topk") if self.config.uses_mod else ("causal",)
 
+    def _next_token_loss(self, hidden_states, logits, labels, num_items_in_batch):
+        """The cross entropy of position t's logits against labels[t + 1], -100 ignored: the mean over the targets, or
+        their sum over `num_items_in_batch`. `logits` None: they were not computed (compiled, with `skip_logits`)."""
+        if logits is None:
+            # Compiled, with no logits to return: the projection and the loss a chunk of positions at a time, the
+            # logits never whole (models/chunked_loss.py; BENCHMARKS.md, throughput:debug:cpu).
+            targets = F.pad(labels, (0, 1), value=-100)[:, 1:].flatten()
+            return linear_cross_entropy(hidden_states.flatten(0, 1), self.lm_head.weight, targets, num_items_in_batch)
+        if torch.compiler.is_compiling():
+            # Compiled, the labels shift (the last position's target is -100, ignored) and the logits stay whole: the
+            # sliced logits would be a copy of nearly all of them, forward and backward (the gradient zero-padded
+            # back), where this is one pass (BENCHMARKS.md, throughput:debug:cpu). The same mean over the same
+            # targets; eager keeps the slice, whose reduction order the golden losses hold.
+            predicted = logits.flatten(0, 1).float()
+            targets = F.pad(labels, (0, 1), value=-100)[:, 1:].flatten()
+        else:
+            predicted = logits[:, :-1].flatten(0, 1).float()
+            targets = labels[:, 1:].flatten()
+        if num_items_in_batch is None:
+            return F.cross_entropy(predicted, targets, ignore_index=-100)
+        return F.cross_entropy(predicted, targets, ignore_index=-100, reduction="sum") / num_items_in_batch
+
+    def _projects_plainly(self) -> bool:
+        """Whether the output projection is this class's own bias-free Linear with its whole weight at hand, which the
+        chunked loss multiplies by directly: not one that an adapter wrapped (PEFT) or ZeRO-3 partitioned (its
+        weight gathered only inside the module's own call)."""
+        head = self.lm_head
+        return type(head) is nn.Linear and head.bias is None and not hasattr(head.weight, "ds_id")
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep: int = 0, num_items_in_batch=None,
                 skip_logits: bool = False, **kwargs) -> AdaptiveDSCausalLMOutput:
@@ -376,12 +406,12 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         instead of by this batch's own target count, so that a step split into micro-batches and ranks of
         unequal target counts weighs every target token alike.
 
-        `skip_logits` (with `labels`): the losses, with `logits` None in the output; the logits are still computed,
-        for the loss. The trainer asks for it, as it reads only the losses. Compiled, a returned logits tensor is an
-        output of the graph, and the graph's backward then takes a gradient for it, a zero tensor of (batch x seq x
-        vocab) when only the loss is backpropagated: a pass over the largest activation, to no purpose (BENCHMARKS.md,
-        throughput:debug:cpu). Eager, the losses and gradients are the same, bit for bit; the output just does not
-        hold on to the logits."""
+        `skip_logits` (with `labels`): the losses, with `logits` None in the output. The trainer asks for it, as it
+        reads only the losses. Eager, the logits are still computed, for the loss, and the losses and gradients are
+        the same, bit for bit; the output just does not hold on to them. Compiled, a returned logits tensor would be
+        an output of the graph, whose backward then takes a gradient for it, a zero tensor of (batch x seq x vocab)
+        when only the loss is backpropagated; without it, the projection and the loss run a chunk of positions at a
+        time and the logits never exist whole (models/chunked_loss.py; BENCHMARKS.md, throughput:debug:cpu)."""
         if skip_logits and labels is None:
             raise ValueError("skip_logits needs labels: without them the logits are the only output")
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -389,26 +419,12 @@ class AdaptiveDSForCausalLM(AdaptiveDSPreTrainedModel, GenerationMixin):
         hidden_states = out.last_hidden_state
         if logits_to_keep:
             hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.lm_head(hidden_states)
+        fused = labels is not None and skip_logits and torch.compiler.is_compiling() and self._projects_plainly()
+        logits = None if fused else self.lm_head(hidden_states)
 
         lm_loss = loss = None
         if labels is not None:
-            # Next-token prediction: position t predicts labels[t + 1]; -100 is ignored.
-            if torch.compiler.is_compiling():
-                # Compiled, the labels shift (the last position's target is -100, ignored) and the logits stay
-                # whole: the sliced logits would be a copy of nearly all of them, forward and backward (the
-                # gradient zero-padded back), where this is one pass (BENCHMARKS.md, throughput:debug:cpu). The
-                # same mean over the same targets; eager keeps the slice, whose reduction order the golden losses
-                # hold.
-                predicted = logits.flatten(0, 1).float()
-                targets = F.pad(labels, (0, 1), value=-100)[:, 1:].flatten()
-            else:
-                predicted = logits[:, :-1].flatten(0, 1).float()
-                targets = labels[:, 1:].flatten()
-            if num_items_in_batch is None:
-                lm_loss = F.cross_entropy(predicted, targets, ignore_index=-100)
-            else:
-                lm_loss = F.cross_entropy(predicted, targets, ignore_index=-100, reduction="sum") / num_items_in_batch
+            lm_loss = self._next_token_loss(hidden_states, logits, labels, num_items_in_batch)
             loss = lm_loss
             if out.aux_loss is not None:
                 # with bias balancing the aux loss is only reported (see AdaptiveDSConfig.moe_balancing)

@@ -1,6 +1,7 @@
 """`--compile` traces the dense and MoD training step as one graph: no graph breaks (each would split the step
 into separately compiled pieces with eager Python between them); RoPE's cos and sin are a constant of the graph,
-with eager's values; the loss reads the logits whole (the labels shift, not the logits), with eager's value."""
+with eager's values; the loss reads the logits whole (the labels shift, not the logits), or, without logits to
+return, never holds them whole, with eager's value."""
 
 import copy
 
@@ -10,7 +11,7 @@ import torch
 from helpers.common import tiny_config
 
 from adaptive_ds import distributed
-from adaptive_ds.models import AdaptiveDSForCausalLM
+from adaptive_ds.models import AdaptiveDSForCausalLM, chunked_loss
 from adaptive_ds.training import moe_adapter
 from adaptive_ds.training.optim import parameter_groups
 
@@ -85,30 +86,82 @@ def test_compiled_rope_is_a_constant_of_the_graph_with_eagers_values(scaling):
     assert torch.equal(logits, expected)
 
 
-@pytest.mark.parametrize("num_items", [None, 29.0])
-def test_compiled_loss_reads_the_logits_whole_and_equals_eagers(num_items):
-    """Compiled, the cross entropy takes every position's logits (batch x seq rows; the last position's target is
-    ignored) rather than a slice of them, a copy of nearly all the logits forward and backward; with skip_logits the
-    logits are not among the graph's outputs; the loss is eager's (the same targets, summed in another order)."""
-    torch.manual_seed(0)
-    model = AdaptiveDSForCausalLM(tiny_config("dense"))
-    ids = torch.randint(2, 64, (2, 24))
-    labels = ids.clone()
-    labels[1, :7] = -100
-    extra = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
-    rows, outputs = [], []
+def _traced(model, **inputs):
+    """Trace `model`'s forward with dynamo (eager backend): its output, the row counts of the cross entropies the
+    graph calls, and the shapes of every tensor the graph or a subgraph of it (an autograd.Function's) computes or
+    returns."""
+    rows, shapes = [], set()
 
     def backend(gm, example_inputs):
-        rows.extend(node.args[0].meta["example_value"].shape[0] for node in gm.graph.nodes
-                    if node.op == "call_function" and getattr(node.target, "__name__", "") == "cross_entropy")
-        outputs.extend(tuple(value.meta["example_value"].shape) for node in gm.graph.nodes if node.op == "output"
-                       for value in torch.utils._pytree.tree_leaves(node.args) if isinstance(value, torch.fx.Node))
+        graphs = [module.graph for module in gm.modules() if isinstance(module, torch.fx.GraphModule)]
+        for node in (node for graph in graphs for node in graph.nodes):
+            if node.op == "call_function" and getattr(node.target, "__name__", "") == "cross_entropy":
+                rows.append(node.args[0].meta["example_value"].shape[0])
+            values = node.args if node.op == "output" else [node]
+            shapes.update(tuple(value.meta["example_value"].shape) for value in torch.utils._pytree.tree_leaves(values)
+                          if isinstance(value, torch.fx.Node) and isinstance(value.meta.get("example_value"),
+                                                                             torch.Tensor))
         return gm.forward
 
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)(input_ids=ids, labels=labels, skip_logits=True, **extra)
-    assert rows == [2 * 24]
-    # with skip_logits the logits are no output of the graph (its backward would take a gradient for them)
-    assert compiled.logits is None and (2, 24, 64) not in outputs and outputs, outputs
+    return torch.compile(model, backend=backend)(**inputs), rows, shapes
+
+
+def _batch():
+    torch.manual_seed(0)
+    ids = torch.randint(2, 64, (2, 24))
+    labels = ids.clone()
+    labels[1, :7] = -100
+    return ids, labels
+
+
+@pytest.mark.parametrize("num_items", [None, 29.0])
+def test_compiled_loss_with_its_logits_reads_them_whole_and_equals_eagers(num_items):
+    """Asked for the logits too, the compiled cross entropy takes every position's logits (batch x seq rows; the last
+    position's target is ignored) rather than a slice of them, a copy of nearly all the logits forward and backward;
+    the loss is eager's (the same targets, summed in another order)."""
+    ids, labels = _batch()
+    model = AdaptiveDSForCausalLM(tiny_config("dense"))
+    extra = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
+    compiled, rows, shapes = _traced(model, input_ids=ids, labels=labels, **extra)
+    assert rows == [2 * 24] and (2, 24, 64) in shapes
     eager = model(input_ids=ids, labels=labels, **extra)
     torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(compiled.logits, eager.logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_items", [None, 29.0])
+def test_compiled_loss_without_logits_never_holds_them_whole_and_trains_as_eager(num_items, monkeypatch):
+    """With skip_logits (as the trainer calls it), compiled: the output projection and the loss run a chunk of
+    positions at a time (models/chunked_loss.py), so no tensor of the graph holds the whole logits; the loss and
+    every parameter's gradient are eager's, to float32's rounding."""
+    monkeypatch.setattr(chunked_loss, "CHUNK_ROWS", 16)
+    ids, labels = _batch()
+    model = AdaptiveDSForCausalLM(tiny_config("dense", vocab_size=96))  # no other size of the model is 96
+    extra = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
+    compiled, rows, shapes = _traced(model, input_ids=ids, labels=labels, skip_logits=True, **extra)
+    assert compiled.logits is None and rows == []
+    assert (2 * 24, 96) not in shapes and (2, 24, 96) not in shapes, shapes  # the whole logits, in either form
+    assert (16, 96) in shapes  # a chunk's logits
+    compiled.loss.backward()
+    compiled_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    eager = model(input_ids=ids, labels=labels, **extra)
+    eager.loss.backward()
+    torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-6, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(compiled_grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_an_output_projection_it_cannot_multiply_by_keeps_the_stock_loss():
+    """A weight ZeRO-3 partitioned (gathered only inside lm_head's own call) or an lm_head an adapter wrapped: the
+    compiled loss projects through the module and takes the stock cross entropy."""
+    ids, labels = _batch()
+    model = AdaptiveDSForCausalLM(tiny_config("dense"))
+    model.lm_head.weight.ds_id = 0  # as ZeRO-3 marks the parameters it partitions
+    _, rows, _ = _traced(model, input_ids=ids, labels=labels, skip_logits=True)
+    assert rows == [2 * 24]
+    del model.lm_head.weight.ds_id
+    model.lm_head = torch.nn.Sequential(model.lm_head)
+    _, rows, _ = _traced(model, input_ids=ids, labels=labels, skip_logits=True)
+    assert rows == [2 * 24]

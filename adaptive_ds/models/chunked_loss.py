@@ -1,0 +1,73 @@
+"""The output projection and the cross entropy in one pass over chunks of tokens: the logits never exist whole.
+
+`linear_cross_entropy(hidden, weight, targets)` is `F.cross_entropy(hidden @ weight.T, targets, ignore_index=-100)`
+(or its sum over a given count) computed a chunk of rows at a time. When a gradient is wanted, each chunk's gradient
+(the softmax less the one-hot target, scaled) is taken at once, multiplied back into the hidden states' and the
+weight's gradients, and dropped: the forward keeps those two gradients instead of a (tokens x vocabulary) logits tensor,
+and the backward only scales them by the incoming gradient, which is exact because the loss is a scalar. The same
+matmuls as projecting, then differentiating the loss (one forward, two backward), and no more; what goes is the
+logits, the largest activation of a step at a large vocabulary, and their gradient.
+
+The compiled model uses it (`AdaptiveDSForCausalLM.forward` under torch.compile with `skip_logits`); eager keeps
+`F.cross_entropy` over the whole logits, whose reduction order the golden losses hold.
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE_INDEX = -100
+# Rows per chunk: a (rows x vocabulary) float32 block, 125 MiB at a 32,000-token vocabulary (b1's logits for a
+# micro-batch of 4 x 2,048 tokens are 1 GiB in float32, and their gradient as much again). On the debug preset's
+# 128-token vocabulary, where the logits are small, 256, 1,024 and 4,096 rows ran level with the stock loss (paired
+# rounds on a 2-core CPU; not published): a memory measure, not a speed one.
+CHUNK_ROWS = 1024
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, denominator, chunk_rows: int, needs_grad: bool):
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden = torch.empty_like(hidden) if needs_grad else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_grad else None
+        for start in range(0, hidden.shape[0], chunk_rows):
+            h = hidden[start:start + chunk_rows]
+            t = targets[start:start + chunk_rows]
+            logits = (h @ weight.t()).float()
+            valid = t != IGNORE_INDEX
+            target = torch.where(valid, t, 0).unsqueeze(1)
+            log_norm = torch.logsumexp(logits, dim=1, keepdim=True)
+            loss = loss + torch.where(valid, (log_norm - logits.gather(1, target)).squeeze(1), 0.0).sum()
+            if needs_grad:
+                # d(loss)/d(logits) = (softmax - one_hot(target)) / denominator, on the rows with a target
+                grad = torch.exp(logits - log_norm).scatter_add(1, target, torch.full_like(log_norm, -1.0))
+                grad = torch.where(valid.unsqueeze(1), grad / denominator, 0.0).to(hidden.dtype)
+                grad_hidden[start:start + chunk_rows] = grad @ weight
+                grad_weight += (grad.t() @ h).float()
+        if needs_grad:
+            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        return loss / denominator
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype), \
+            None, None, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         num_items: torch.Tensor | int | None = None, chunk_rows: int | None = None) -> torch.Tensor:
+    """The mean cross entropy of `hidden @ weight.T` (rows x vocabulary logits, in float32) against `targets`, over the
+    rows whose target is not -100; with `num_items`, the summed loss over that count instead (transformers'
+    `num_items_in_batch`). `hidden`: (rows, hidden); `weight`: (vocabulary, hidden); `targets`: (rows,).
+
+    As `F.cross_entropy(...)` does, a batch with no target gives nan for the mean (0 / 0)."""
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"linear_cross_entropy: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} and "
+                         f"targets {tuple(targets.shape)} do not fit (rows x hidden, vocabulary x hidden, rows)")
+    if num_items is None:
+        denominator = (targets != IGNORE_INDEX).sum().float()
+    else:
+        denominator = torch.as_tensor(num_items, device=hidden.device).float()
+    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return _LinearCrossEntropy.apply(hidden, weight, targets, denominator, chunk_rows or CHUNK_ROWS, needs_grad)

@@ -1,0 +1,83 @@
+"""The chunked output projection and cross entropy (models/chunked_loss.py) against the stock library: the loss and
+both gradients of `F.cross_entropy(hidden @ weight.T, ...)` over the whole logits, whatever the chunking."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptive_ds.models.chunked_loss import linear_cross_entropy
+
+
+def _reference(hidden, weight, targets, num_items):
+    logits = (hidden @ weight.t()).float()
+    if num_items is None:
+        return F.cross_entropy(logits, targets, ignore_index=-100)
+    return F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum") / num_items
+
+
+def _loss_and_grads(fn, hidden, weight, targets, num_items, scale=1.0):
+    hidden = hidden.detach().requires_grad_()
+    weight = weight.detach().requires_grad_()
+    loss = fn(hidden, weight, targets, num_items)
+    (loss * scale).backward()
+    return loss.detach(), hidden.grad, weight.grad
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 70), width=st.integers(1, 12), vocab=st.integers(2, 40), chunk=st.integers(1, 80),
+       ignored=st.floats(0.0, 0.9), counted=st.booleans(), scale=st.floats(0.1, 4.0), seed=st.integers(0, 2**16))
+def test_loss_and_gradients_are_the_stock_cross_entropys(rows, width, vocab, chunk, ignored, counted, scale, seed):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, width, generator=generator)
+    weight = torch.randn(vocab, width, generator=generator)
+    targets = torch.randint(0, vocab, (rows,), generator=generator)
+    targets[torch.rand(rows, generator=generator) < ignored] = -100
+    targets[0] = 0  # at least one target: the mean over none is nan for both
+    num_items = rows + 3 if counted else None
+    expected = _loss_and_grads(_reference, hidden, weight, targets, num_items, scale)
+    chunked = _loss_and_grads(lambda *a: linear_cross_entropy(*a, chunk_rows=chunk), hidden, weight, targets,
+                              num_items, scale)
+    for got, want in zip(chunked, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_without_targets_gives_the_stock_results():
+    hidden, weight = torch.randn(5, 3), torch.randn(7, 3)
+    targets = torch.full((5,), -100)
+    assert torch.isnan(linear_cross_entropy(hidden, weight, targets)) and torch.isnan(_reference(hidden, weight,
+                                                                                                  targets, None))
+    _, grad_hidden, grad_weight = _loss_and_grads(linear_cross_entropy, hidden, weight, targets, 4)
+    assert not grad_hidden.any() and not grad_weight.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_keeps_its_dtypes_and_the_stock_values(dtype):
+    """As the engine runs it in fp16 or bf16: the logits in float32 for the loss, the gradients in the parameters'
+    dtype, each within that dtype's rounding of the stock computation's."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(40, 16).to(dtype), (torch.randn(50, 16) / 4).to(dtype)
+    targets = torch.randint(0, 50, (40,))
+    loss, grad_hidden, grad_weight = _loss_and_grads(lambda *a: linear_cross_entropy(*a, chunk_rows=16), hidden,
+                                                     weight, targets, None)
+    want = _loss_and_grads(_reference, hidden, weight, targets, None)
+    assert loss.dtype == torch.float32 and grad_hidden.dtype == dtype and grad_weight.dtype == dtype
+    torch.testing.assert_close(loss, want[0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(grad_hidden, want[1], rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(grad_weight, want[2], rtol=2e-2, atol=2e-3)
+
+
+def test_without_gradients_no_gradient_is_computed_or_kept():
+    hidden = torch.randn(6, 4, requires_grad=True)
+    weight = torch.randn(9, 4, requires_grad=True)
+    targets = torch.randint(0, 9, (6,))
+    with torch.no_grad():
+        loss = linear_cross_entropy(hidden, weight, targets)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, _reference(hidden, weight, targets, None).detach())
+
+
+def test_shapes_that_do_not_fit_are_named():
+    with pytest.raises(ValueError, match=r"hidden \(4, 3\), weight \(9, 5\) and targets \(4,\) do not fit"):
+        linear_cross_entropy(torch.randn(4, 3), torch.randn(9, 5), torch.zeros(4, dtype=torch.long))
