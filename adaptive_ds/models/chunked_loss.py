@@ -15,21 +15,25 @@ The compiled model uses it (`AdaptiveDSForCausalLM.forward` under torch.compile 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 IGNORE_INDEX = -100
 # Rows per chunk: a (rows x vocabulary) float32 block, 125 MiB at a 32,000-token vocabulary (b1's logits for a
-# micro-batch of 4 x 2,048 tokens are 1 GiB in float32, and their gradient as much again). On the debug preset's
-# 128-token vocabulary, where the logits are small, 256, 1,024 and 4,096 rows ran level with the stock loss (paired
-# rounds on a 2-core CPU; not published): a memory measure, not a speed one.
+# micro-batch of 4 x 2,048 tokens are 1 GiB in float32, and their gradient as much again): a memory measure. Its effect
+# on speed is not measured apart. The loop is unrolled when the graph is traced, so each micro-batch shape compiles
+# its own graph (as a changed shape recompiles any compiled step).
 CHUNK_ROWS = 1024
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, denominator, chunk_rows: int, needs_grad: bool):
+    def forward(ctx, hidden, weight, targets, denominator, chunk_rows: int, hidden_grad: bool, weight_grad: bool):
         loss = hidden.new_zeros((), dtype=torch.float32)
-        grad_hidden = torch.empty_like(hidden) if needs_grad else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_grad else None
+        # The gradients before the division by the denominator and the incoming gradient (the loss scale, under fp16),
+        # which backward applies in float32: divided here, in fp16, (softmax - one_hot) / 8,000 targets would fall
+        # below fp16's range before the loss scale could lift it.
+        grad_hidden = torch.empty_like(hidden) if hidden_grad else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight_grad else None
         for start in range(0, hidden.shape[0], chunk_rows):
             h = hidden[start:start + chunk_rows]
             t = targets[start:start + chunk_rows]
@@ -38,21 +42,28 @@ class _LinearCrossEntropy(torch.autograd.Function):
             target = torch.where(valid, t, 0).unsqueeze(1)
             log_norm = torch.logsumexp(logits, dim=1, keepdim=True)
             loss = loss + torch.where(valid, (log_norm - logits.gather(1, target)).squeeze(1), 0.0).sum()
-            if needs_grad:
-                # d(loss)/d(logits) = (softmax - one_hot(target)) / denominator, on the rows with a target
+            if hidden_grad or weight_grad:
+                # d(summed loss)/d(logits) = softmax - one_hot(target), on the rows with a target
                 grad = torch.exp(logits - log_norm).scatter_add(1, target, torch.full_like(log_norm, -1.0))
-                grad = torch.where(valid.unsqueeze(1), grad / denominator, 0.0).to(hidden.dtype)
-                grad_hidden[start:start + chunk_rows] = grad @ weight
-                grad_weight += (grad.t() @ h).float()
-        if needs_grad:
-            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+                grad = torch.where(valid.unsqueeze(1), grad, 0.0).to(hidden.dtype)
+                if hidden_grad:
+                    grad_hidden[start:start + chunk_rows] = grad @ weight
+                if weight_grad:
+                    grad_weight += (grad.t() @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight, denominator)
+        ctx.weight_dtype = weight.dtype
         return loss / denominator
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype), \
-            None, None, None, None
+        grad_hidden, grad_weight, denominator = ctx.saved_tensors
+        factor = grad_loss.float() / denominator
+        if grad_hidden is not None:
+            grad_hidden = (grad_hidden.float() * factor).to(grad_hidden.dtype)
+        if grad_weight is not None:
+            grad_weight = (grad_weight * factor).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -69,5 +80,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         denominator = (targets != IGNORE_INDEX).sum().float()
     else:
         denominator = torch.as_tensor(num_items, device=hidden.device).float()
-    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return _LinearCrossEntropy.apply(hidden, weight, targets, denominator, chunk_rows or CHUNK_ROWS, needs_grad)
+    grad = torch.is_grad_enabled()
+    return _LinearCrossEntropy.apply(hidden, weight, targets, denominator, chunk_rows or CHUNK_ROWS,
+                                     grad and hidden.requires_grad, grad and weight.requires_grad)

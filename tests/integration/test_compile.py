@@ -31,7 +31,7 @@ def _compiled_steps(arch: str, steps: int, checkpointing: bool = False) -> dict:
     engine.compile(backend="eager")
     for _ in range(steps):
         ids = torch.randint(2, 64, (2, 32))
-        out = engine(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(31.0))
+        out = engine(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(31.0), skip_logits=True)  # as trained
         engine.backward(out.loss)
         engine.step()
     counters = torch._dynamo.utils.counters
@@ -87,9 +87,9 @@ def test_compiled_rope_is_a_constant_of_the_graph_with_eagers_values(scaling):
 
 
 def _traced(model, **inputs):
-    """Trace `model`'s forward with dynamo (eager backend): its output, the row counts of the cross entropies the
-    graph calls, and the shapes of every tensor the graph or a subgraph of it (an autograd.Function's) computes or
-    returns."""
+    """Trace `model`'s forward with dynamo (eager backend, one graph: a graph break fails): its output, the row counts
+    of the cross entropies the graph calls, and the shapes of every tensor the graph or a subgraph of it (an
+    autograd.Function's) computes or returns."""
     rows, shapes = [], set()
 
     def backend(gm, example_inputs):
@@ -104,7 +104,7 @@ def _traced(model, **inputs):
         return gm.forward
 
     torch._dynamo.reset()
-    return torch.compile(model, backend=backend)(**inputs), rows, shapes
+    return torch.compile(model, backend=backend, fullgraph=True)(**inputs), rows, shapes
 
 
 def _batch():
@@ -130,14 +130,16 @@ def test_compiled_loss_with_its_logits_reads_them_whole_and_equals_eagers(num_it
     torch.testing.assert_close(compiled.logits, eager.logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("num_items", [None, 29.0])
-def test_compiled_loss_without_logits_never_holds_them_whole_and_trains_as_eager(num_items, monkeypatch):
+@pytest.mark.parametrize(("num_items", "tied"), [(None, False), (29.0, False), (29.0, True)])
+def test_compiled_loss_without_logits_never_holds_them_whole_and_trains_as_eager(num_items, tied, monkeypatch):
     """With skip_logits (as the trainer calls it), compiled: the output projection and the loss run a chunk of
     positions at a time (models/chunked_loss.py), so no tensor of the graph holds the whole logits; the loss and
     every parameter's gradient are eager's, to float32's rounding."""
     monkeypatch.setattr(chunked_loss, "CHUNK_ROWS", 16)
     ids, labels = _batch()
-    model = AdaptiveDSForCausalLM(tiny_config("dense", vocab_size=96))  # no other size of the model is 96
+    # no other size of the model is 96; tied, the output projection's weight is the embedding's, both gradients in one
+    model = AdaptiveDSForCausalLM(tiny_config("dense", vocab_size=96, tie_word_embeddings=tied))
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     extra = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
     compiled, rows, shapes = _traced(model, input_ids=ids, labels=labels, skip_logits=True, **extra)
     assert compiled.logits is None and rows == []
@@ -154,14 +156,19 @@ def test_compiled_loss_without_logits_never_holds_them_whole_and_trains_as_eager
 
 
 def test_an_output_projection_it_cannot_multiply_by_keeps_the_stock_loss():
-    """A weight ZeRO-3 partitioned (gathered only inside lm_head's own call) or an lm_head an adapter wrapped: the
-    compiled loss projects through the module and takes the stock cross entropy."""
+    """A weight ZeRO-3 partitioned (gathered only inside lm_head's own call), a projection with a bias, or an lm_head
+    an adapter wrapped: the compiled loss projects through the module and takes the stock cross entropy."""
     ids, labels = _batch()
     model = AdaptiveDSForCausalLM(tiny_config("dense"))
     model.lm_head.weight.ds_id = 0  # as ZeRO-3 marks the parameters it partitions
     _, rows, _ = _traced(model, input_ids=ids, labels=labels, skip_logits=True)
     assert rows == [2 * 24]
     del model.lm_head.weight.ds_id
-    model.lm_head = torch.nn.Sequential(model.lm_head)
+    _, rows, _ = _traced(model, input_ids=ids, labels=labels, skip_logits=True)
+    assert rows == []  # the plain projection takes the chunked loss
+    model.lm_head.bias = torch.nn.Parameter(torch.zeros(64))
+    _, rows, _ = _traced(model, input_ids=ids, labels=labels, skip_logits=True)
+    assert rows == [2 * 24]
+    model.lm_head = torch.nn.Sequential(torch.nn.Linear(32, 64, bias=False))
     _, rows, _ = _traced(model, input_ids=ids, labels=labels, skip_logits=True)
     assert rows == [2 * 24]

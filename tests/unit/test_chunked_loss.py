@@ -6,12 +6,14 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
 
 from adaptive_ds.models.chunked_loss import linear_cross_entropy
 
 
 def _reference(hidden, weight, targets, num_items):
-    logits = (hidden @ weight.t()).float()
+    logits = hidden @ weight.t()
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     if num_items is None:
         return F.cross_entropy(logits, targets, ignore_index=-100)
     return F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum") / num_items
@@ -53,29 +55,42 @@ def test_a_batch_without_targets_gives_the_stock_results():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_keeps_its_dtypes_and_the_stock_values(dtype):
-    """As the engine runs it in fp16 or bf16: the logits in float32 for the loss, the gradients in the parameters'
-    dtype, each within that dtype's rounding of the stock computation's."""
+def test_half_precision_under_a_loss_scale_keeps_its_dtypes_and_the_exact_values(dtype):
+    """As the engine runs it in fp16 or bf16: b1's vocabulary, a micro-batch's count of targets (the loss a sum over
+    8,190) and a loss scale on the backward. The loss in float32, the gradients in the parameters' dtype, each within
+    that dtype's rounding of the exact (float64) gradients of the same rounded inputs: the softmax terms divided by the
+    count before the loss scale reaches them would fall below fp16's range."""
     torch.manual_seed(0)
-    hidden, weight = torch.randn(40, 16).to(dtype), (torch.randn(50, 16) / 4).to(dtype)
-    targets = torch.randint(0, 50, (40,))
+    rows, width, vocab, count, scale = 64, 16, 32000, 8190, 1024.0
+    hidden, weight = torch.randn(rows, width).to(dtype), (torch.randn(vocab, width) / 4).to(dtype)
+    targets = torch.randint(0, vocab, (rows,))
     loss, grad_hidden, grad_weight = _loss_and_grads(lambda *a: linear_cross_entropy(*a, chunk_rows=16), hidden,
-                                                     weight, targets, None)
-    want = _loss_and_grads(_reference, hidden, weight, targets, None)
+                                                     weight, targets, count, scale)
+    exact = _loss_and_grads(_reference, hidden.double(), weight.double(), targets, count, scale)
     assert loss.dtype == torch.float32 and grad_hidden.dtype == dtype and grad_weight.dtype == dtype
-    torch.testing.assert_close(loss, want[0], rtol=1e-3, atol=1e-3)
-    torch.testing.assert_close(grad_hidden, want[1], rtol=2e-2, atol=2e-3)
-    torch.testing.assert_close(grad_weight, want[2], rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(loss.double(), exact[0], rtol=1e-3, atol=0)
+    for got, want in ((grad_hidden, exact[1]), (grad_weight, exact[2])):
+        assert ((got.double() - want).norm() / want.norm()).item() < 1e-2, dtype
 
 
-def test_without_gradients_no_gradient_is_computed_or_kept():
-    hidden = torch.randn(6, 4, requires_grad=True)
-    weight = torch.randn(9, 4, requires_grad=True)
-    targets = torch.randint(0, 9, (6,))
-    with torch.no_grad():
-        loss = linear_cross_entropy(hidden, weight, targets)
-    assert not loss.requires_grad
-    torch.testing.assert_close(loss, _reference(hidden, weight, targets, None).detach())
+@pytest.mark.parametrize(("grad_enabled", "trainable", "matmuls"), [
+    (False, ("hidden", "weight"), 1),  # the projection alone
+    (True, ("hidden",), 2),  # and the hidden states' gradient (a frozen output projection, as under an adapter)
+    (True, ("weight",), 2),  # and the weight's
+    (True, ("hidden", "weight"), 3),
+])
+def test_only_the_gradients_wanted_are_computed(grad_enabled, trainable, matmuls):
+    """Counted in FLOPs (torch's own counter): the forward takes a gradient for each input that wants one, and none
+    without grad mode; the loss is the same."""
+    rows, width, vocab = 12, 4, 9
+    hidden = torch.randn(rows, width, requires_grad="hidden" in trainable)
+    weight = torch.randn(vocab, width, requires_grad="weight" in trainable)
+    targets = torch.randint(0, vocab, (rows,))
+    with torch.set_grad_enabled(grad_enabled), FlopCounterMode(display=False) as counter:
+        loss = linear_cross_entropy(hidden, weight, targets, chunk_rows=5)
+    assert counter.get_total_flops() == matmuls * 2 * rows * width * vocab
+    assert loss.requires_grad == grad_enabled
+    torch.testing.assert_close(loss.detach(), _reference(hidden, weight, targets, None).detach())
 
 
 def test_shapes_that_do_not_fit_are_named():
