@@ -56,6 +56,17 @@ def _signal_handlers():
 
 
 @pytest.fixture(autouse=True)
+def _functional_linear():
+    """Each test leaves `torch.nn.functional.linear` as it found it: DeepSpeed's ZeRO-3 `zero.Init` replaces it for
+    the rest of the process with its own autograd.Function (deliberately: "this will persist unless manually reset"),
+    so one in-process ZeRO-3 test would change what every later test in that worker multiplies with (and what
+    torch.compile traces: its backward reads ZeRO-3's per-parameter status, which a plain parameter lacks)."""
+    linear = torch.nn.functional.linear
+    yield
+    torch.nn.functional.linear = linear
+
+
+@pytest.fixture(autouse=True)
 def _adaptive_ds_logging():
     """Each test leaves the `adaptive_ds` logger as it found it: a run in the test's process replaces its handler with
     one on the stderr of that moment, which under capsys or capfd is a capture that closes with the test; a later
