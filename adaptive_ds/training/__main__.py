@@ -123,14 +123,18 @@ def _end(line: str, status: int) -> NoReturn:
 def _one_line(error: BaseException, progress) -> str | None:
     """The line a run that stopped with `error` ends with (`progress`: where it was); None for an error that is a
     defect (its traceback)."""
-    from .. import distributed
-    from .checkpoint import CheckpointError
+    from .. import distributed  # imported before SIGTERM's handler was set: whole
 
-    if isinstance(error, (ConfigError, CheckpointError, TrainingStopped, distributed.PortInUse,
-                          distributed.UnreachableAddress)):
-        return f"error: {error}"
     if isinstance(error, Terminated):
         return _stopped("stopped by SIGTERM (a launcher stops every process when one fails)", progress)
+    # Only a class already loaded: a stop can interrupt an import (SIGTERM while the loop's libraries load), and
+    # importing more now would meet the half-initialised module and raise in place of the line. An error of a class
+    # whose module never loaded cannot have been raised.
+    checkpoint = sys.modules.get(f"{__package__}.checkpoint")
+    known = (ConfigError, TrainingStopped, distributed.PortInUse, distributed.UnreachableAddress,
+             *([checkpoint.CheckpointError] if hasattr(checkpoint, "CheckpointError") else []))
+    if isinstance(error, known):
+        return f"error: {error}"
     what = _lost_a_process(error) if isinstance(error, RuntimeError) else None
     return None if what is None else _stopped(what, progress)
 

@@ -1,5 +1,6 @@
 """A run that has to stop ends with its one line: when SIGTERM and a data loader worker's death race each other
-during a launcher's teardown, and when the rendezvous port is taken by something else on the machine."""
+during a launcher's teardown, when SIGTERM cuts an import short, and when the rendezvous port is taken by something
+else on the machine."""
 
 import socket
 import sys
@@ -20,6 +21,19 @@ def test_sigterm_and_a_dead_loader_worker_together_end_with_one_line(order, line
     result = run_command([sys.executable, "tests/helpers/stop_race.py", order], timeout=120)
     assert result.returncode != 0
     assert result.stderr.splitlines() == [line], result.stderr[-3000:]
+
+
+def test_sigterm_while_the_libraries_load_ends_with_one_line(tmp_path, run_command, tiny_ds_config):
+    """A launcher stops every process when one fails early, so a peer can get SIGTERM in the middle of an import
+    (tests/helpers/sigterm_in_import.py cuts sympy's short, as torch's symbolic shapes load it for transformers).
+    Choosing the line must not import anything more: the half-initialised package would fail the import, and a
+    traceback would take the line's place."""
+    args = ["--ds_config", tiny_ds_config(), "--output_dir", str(tmp_path / "run")]
+    result = run_command([sys.executable, "tests/helpers/sigterm_in_import.py", "sympy.printing", *args], timeout=120)
+    assert result.returncode == 1
+    assert [line for line in result.stderr.splitlines() if "[WARNING]" not in line] == [SIGTERM_LINE.format("")], \
+        result.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
 
 
 def _held_port() -> socket.socket:
