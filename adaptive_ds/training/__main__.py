@@ -15,6 +15,7 @@ them, which run once the arguments have passed.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
         preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))  # nothing has imported torch yet
     except ConfigError as error:
         _end(f"error: {error}", 1)
+    gc.disable()  # until the libraries have loaded (_libraries_loaded)
     from .. import distributed
     from .stop import Progress, StopRequested
 
@@ -108,7 +110,21 @@ def train(argv: list[str], process_started: float, hooks=None, progress=None) ->
     """The run (training/loop.py), imported once `main` has checked its arguments."""
     from .loop import train as run
 
+    _libraries_loaded()
     run(argv, process_started=process_started, hooks=hooks, progress=progress)
+
+
+def _libraries_loaded() -> None:
+    """The garbage collector back on, with what the imports made left out of its work for good.
+
+    torch, transformers and DeepSpeed leave about 400,000 long-lived objects. Collecting while they load, CPython
+    ran a full collection each time the old generation grew by a quarter, about a second of CPU in every process of
+    every run (7 of them); afterwards each full collection, CPython's own and DeepSpeed's explicit gc.collect() (its
+    optimizers' set-up, its checkpoints), would scan them all again, about 0.3 s each. The modules live as long as
+    the process, so freezing them (gc.freeze: the permanent generation) loses nothing; the few hundred cycles the
+    imports leave behind are kept with them."""
+    gc.freeze()
+    gc.enable()
 
 
 def _end(line: str, status: int) -> NoReturn:
