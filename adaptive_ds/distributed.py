@@ -74,6 +74,7 @@ def init_distributed(timeout_s: float | None = None) -> None:
                                     world_size=int(os.environ["WORLD_SIZE"]), **timeout)
         # DeepSpeed's communication backend wraps the group made above, or makes it from the launcher's variables
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, **timeout)
+        _release_shared_memory_name()
     except dist.DistNetworkError as error:
         # Rank 0 hosts the rendezvous store on MASTER_PORT. torchrun's agent hosts it itself (static rendezvous,
         # TORCHELASTIC_USE_AGENT_STORE), and so does accelerate's multi-process launch, which runs torchrun (and on
@@ -82,6 +83,31 @@ def init_distributed(timeout_s: float | None = None) -> None:
             raise
         raise PortInUse(f"the rendezvous port {os.environ['MASTER_PORT']} is in use (another run on this machine?); "
                         f"pick another with {choice}") from None
+
+
+# DeepSpeed's CPU communication backend (deepspeed/comm/torch.py, its shm op) gives each process a 66 MB POSIX
+# shared-memory segment for a low-latency allreduce when all of a world's processes are on one machine (a launcher's
+# LOCAL_SIZE, which deepspeed's exports, equals the world size), named after the user, the rendezvous address and
+# port, and the rank. Nothing of DeepSpeed's ever removes the name: every such run, finished or killed, left 66 MB
+# of memory per process in /dev/shm until the machine restarted.
+SHARED_MEMORY_SEGMENT = "/dev/shm/deepspeed_allreduce_buffer_{uid}_{address}_{port}_{rank}"
+
+
+def _release_shared_memory_name() -> None:
+    """Remove this process's name for its allreduce segment, once every process has mapped every segment (the
+    backend maps its peers' before its set-up returns; a barrier waits for all of them): the mappings stay valid
+    while the processes live, and the memory returns to the machine when the last of them ends, however it ends."""
+    backend = getattr(deepspeed.comm.comm, "cdb", None)
+    if getattr(backend, "shm_comm_op", None) is None:
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    path = SHARED_MEMORY_SEGMENT.format(uid=os.getuid(), address=os.environ.get("MASTER_ADDR", ""),
+                                        port=os.environ.get("MASTER_PORT", ""), rank=dist.get_rank())
+    try:
+        os.unlink(path)
+    except FileNotFoundError:  # not created: a world spread over machines, or a platform without /dev/shm
+        pass
 
 
 class UnreachableAddress(Exception):

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 import torch
-from helpers.common import DEBUG_CPU, ROOT, run_command, write_ds_config
+from helpers.common import DEBUG_CPU, ROOT, free_port, run_command, write_ds_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from adaptive_ds.distributed import SHARED_MEMORY_SEGMENT
 from adaptive_ds.export.convert import main as export_main
 from adaptive_ds.models import ARCHITECTURES
 from adaptive_ds.training import train
@@ -147,6 +148,23 @@ def test_a_step_trains_the_same_whatever_its_split_into_micro_batches_and_ranks(
 
 
 @pytest.mark.slow
+def test_the_deepspeed_launchers_shared_memory_is_returned_when_the_run_ends(run_command):
+    """DeepSpeed's CPU backend gives each process of a one-machine world under its launcher a 66 MB segment in
+    /dev/shm and never removes it. Each process maps both (its own and its peer's) with their names already gone,
+    so nothing is left behind when the run ends, however it ends."""
+    port = free_port()
+    result = run_command(["deepspeed", "--master_port", str(port), "--num_gpus", "2", "tests/helpers/shm_segments.py"],
+                         timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"rank"')),
+                   key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["made"] for r in ranks)
+    names = [SHARED_MEMORY_SEGMENT.format(uid=os.getuid(), address="127.0.0.1", port=port, rank=r) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["mapped"] == [f"{name} (deleted)" for name in names], rank
+    assert not any(os.path.exists(name) for name in names)
+
+
 def test_two_process_expert_parallel_run_with_the_deepspeed_launcher(tmp_path, run_command):
     out = tmp_path / "run"
     result = run_command(["deepspeed", "--num_gpus", "2", "launchers/train.py", "--ds_config",

@@ -1,0 +1,18 @@
+"""Under a launcher: join the run's process group as the training command does, then print, as one JSON line, this
+rank's view of DeepSpeed's shared-memory allreduce segments: whether its backend made them, and each one this
+process maps, with whether its name is still in /dev/shm."""
+
+import json
+
+import deepspeed
+import torch.distributed as dist
+
+from adaptive_ds import distributed
+
+if __name__ == "__main__":
+    distributed.init_distributed()
+    with open("/proc/self/maps") as maps:
+        segments = {line.split(maxsplit=5)[5].strip() for line in maps if "deepspeed_allreduce_buffer" in line}
+    dist.barrier()  # no rank ends (unmapping its segment) before every rank has looked
+    print(json.dumps({"rank": dist.get_rank(), "made": deepspeed.comm.comm.cdb.shm_comm_op is not None,
+                      "mapped": sorted(segments)}), flush=True)
