@@ -15,6 +15,7 @@ them, which run once the arguments have passed.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import re
@@ -33,7 +34,8 @@ class Terminated(BaseException):
     """SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that no library's `except Exception` eats it."""
 
 
-def _on_sigterm(signum, frame) -> None:
+def _on_sigterm(progress, signum, frame) -> None:
+    progress.signalled = signum  # kept: a handler that runs inside a __del__ or a weakref callback raises in vain
     _stop_signals()  # one line, even when the launcher sends it again or a loader worker dies with us
     raise Terminated
 
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None, hooks=None) -> None:
     from .stop import Progress, StopRequested
 
     progress = Progress()  # the run keeps it up to date, for the one line if a process is lost
-    signal.signal(signal.SIGTERM, _on_sigterm)  # torchrun's agent sends it to the survivors when a worker dies
+    # torchrun's agent sends it to the survivors when a worker dies
+    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, progress))
     try:
         # interpreter start-up and imports are part of the run's setup time
         train(argv, process_started=psutil.Process().create_time(), hooks=hooks, progress=progress)
@@ -111,6 +114,8 @@ def train(argv: list[str], process_started: float, hooks=None, progress=None) ->
     from .loop import train as run
 
     _libraries_loaded()
+    if progress is not None and progress.signalled is not None:
+        raise Terminated  # it arrived during the imports, and the exception it raised was lost (_on_sigterm)
     run(argv, process_started=process_started, hooks=hooks, progress=progress)
 
 

@@ -259,7 +259,8 @@ class Trainer:
             loader = self.data.step_batches(self.data_steps, self.rows_per_step, self.rank, self.world)
         try:
             with self.metrics.displaying(self.start_step, self.rank), \
-                    StopRequest(self.settings.stop_grace_s, self.settings.collective_timeout_s) as stop:
+                    StopRequest(self.settings.stop_grace_s, self.settings.collective_timeout_s,
+                                self.progress.signalled) as stop:
                 step = self._train_steps(_agreed_first(loader), stop)
                 if not self.stopped_early and stop.settle():  # a signal during the last step
                     self._handle(_SIGNALLED, step, stop)

@@ -48,6 +48,10 @@ class Progress:
     # how the line says to continue: the same command, or, where the run chose its own time-stamped output
     # directory, the same command naming that directory (a plain rerun would start another run)
     rerun: str = "rerun the same command"
+    # the signal the command's handler took before the loop's (`__main__`): Python runs a handler wherever the
+    # process is, and where that is a __del__ or a weakref callback, the exception the handler raises is printed
+    # ("Exception ignored") and lost; the loop's StopRequest takes the signal up from here
+    signalled: int | None = None
 
 
 class StopRequested(Exception):
@@ -62,11 +66,13 @@ class StopRequest:
     """Installs the marking handlers for SIGTERM and SIGINT while the training loop runs (`with StopRequest(...)`),
     and answers, at each step boundary, whether every rank has agreed to stop (`agreed`)."""
 
-    def __init__(self, grace_s: float, timeout_s: float | None = None):
-        """`timeout_s`: the run's collective timeout (`collective_timeout_s`), which bounds the agreement too."""
+    def __init__(self, grace_s: float, timeout_s: float | None = None, signalled: int | None = None):
+        """`timeout_s`: the run's collective timeout (`collective_timeout_s`), which bounds the agreement too.
+        `signalled`: a signal that arrived before the loop began and was not acted on (Progress.signalled): the run
+        stops at its first step boundary, as if it had arrived now."""
         self.grace_s = grace_s
-        self.signum: int | None = None  # the first signal this process received
-        self.received: float | None = None  # when (monotonic seconds)
+        self.signum: int | None = signalled  # the first signal this process received
+        self.received: float | None = None if signalled is None else time.monotonic()  # when (monotonic seconds)
         self._previous: dict[int, object] = {}
         self._group = None
         self._offered: torch.Tensor | None = None

@@ -36,6 +36,27 @@ def test_sigterm_while_the_libraries_load_ends_with_one_line(tmp_path, run_comma
     assert not (tmp_path / "run").exists()
 
 
+def test_a_sigterm_whose_exception_a_del_swallowed_still_stops_the_run(tmp_path, run_command, tiny_ds_config):
+    """Python runs a signal's handler wherever the process is; inside a __del__ (or a weakref callback) the exception
+    it raises is printed and lost. The run still stops: during the imports with its line, before anything trains;
+    while it builds its engine, at its first step boundary, saved (the loop takes the signal up), as a stop request
+    does. Without the record of it, the run trained to its end and exited 0, its handler gone."""
+    config = tiny_ds_config(max_steps=3)
+    early = tmp_path / "early"
+    result = run_command([sys.executable, "tests/helpers/sigterm_in_import.py", "--in-del", "sympy.printing",
+                          "--ds_config", config, "--output_dir", str(early)], timeout=120)
+    assert result.returncode == 1 and result.stderr.splitlines()[-1] == SIGTERM_LINE.format(""), \
+        result.stderr[-3000:]
+    assert "Exception ignored" in result.stderr and not early.exists()
+    late = tmp_path / "late"
+    result = run_command([sys.executable, "tests/helpers/sigterm_in_import.py", "--in-del", "deepspeed.initialize",
+                          "--ds_config", config, "--output_dir", str(late)], timeout=120)
+    assert result.returncode == 128 + 15, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == ("stopped by SIGTERM at step 1, saved; rerun the same command to "
+                                              "resume from step 1")
+    assert (late / "checkpoints" / "latest").read_text() == "step00000001" and not (late / "summary.json").exists()
+
+
 def _held_port() -> socket.socket:
     """A listening socket on a free port, as another run's rendezvous store would be."""
     holder = socket.socket()
