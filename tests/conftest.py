@@ -112,7 +112,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def pytest_collection_finish(session):
+def pytest_collection_finish():
     """What a worker holds once it has collected (torch, transformers, DeepSpeed, every test module: about a million
     objects) is left out of the garbage collector's work from here on, as the training command does after its
     imports (training/__main__.py): DeepSpeed's explicit gc.collect() calls (its bf16 optimizer makes two per

@@ -11,6 +11,7 @@ from adaptive_ds import distributed
 
 if __name__ == "__main__":
     distributed.init_distributed()
+    dist.barrier()  # every rank has set up (and released its segment's name) before any looks
     with open("/proc/self/maps") as maps:
         segments = {line.split(maxsplit=5)[5].strip() for line in maps if "deepspeed_allreduce_buffer" in line}
     dist.barrier()  # no rank ends (unmapping its segment) before every rank has looked
