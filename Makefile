@@ -33,11 +33,11 @@ $(VENV)/.ops: $(VENV)/.installed
 train: setup
 	$(BIN)/deepspeed launchers/train.py --ds_config ds_configs/debug_cpu.json $(ARGS)
 
-# One pytest worker more than the logical CPUs this process may use (at most 8): the end-to-end tests spend part of
+# Two pytest workers more than the logical CPUs this process may use (at most 8): the end-to-end tests spend part of
 # their time waiting on something other than a CPU (a scheduler, a collective timeout, a launcher's restart), which
-# the extra worker fills. Each worker and its subprocesses get their share of the CPUs' threads (tests/conftest.py).
+# the extra workers fill. Each worker and its subprocesses get their share of the CPUs' threads (tests/conftest.py).
 # worksteal evens out the long end-to-end tests.
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, len(os.sched_getaffinity(0)) + 1))")
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, len(os.sched_getaffinity(0)) + 2))")
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -m "not golden"
 
