@@ -97,6 +97,8 @@ def _release_shared_memory_name() -> None:
     """Remove this process's name for its allreduce segment, once every process has mapped every segment (the
     backend maps its peers' before its set-up returns; a barrier waits for all of them): the mappings stay valid
     while the processes live, and the memory returns to the machine when the last of them ends, however it ends."""
+    if os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
+        return  # DeepSpeed's own condition for the segments (shm_interface.cpp), the same on every rank
     backend = getattr(deepspeed.comm.comm, "cdb", None)
     if getattr(backend, "shm_comm_op", None) is None:
         return

@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import sys
+import time
 from typing import NoReturn
 
 import psutil
@@ -35,7 +36,8 @@ class Terminated(BaseException):
 
 
 def _on_sigterm(progress, signum, frame) -> None:
-    progress.signalled = signum  # kept: a handler that runs inside a __del__ or a weakref callback raises in vain
+    # kept: a handler that runs inside a __del__ or a weakref callback raises in vain
+    progress.signalled, progress.signalled_at = signum, time.monotonic()
     _stop_signals()  # one line, even when the launcher sends it again or a loader worker dies with us
     raise Terminated
 
@@ -151,7 +153,7 @@ def _one_line(error: BaseException, progress) -> str | None:
     # Only a class already loaded: a stop can interrupt an import (SIGTERM while the loop's libraries load), and
     # importing more now would meet the half-initialised module and raise in place of the line. An error of a class
     # whose module never loaded cannot have been raised.
-    checkpoint = sys.modules.get(f"{__package__}.checkpoint")
+    checkpoint = sys.modules.get("adaptive_ds.ds_checkpoint")
     known = (ConfigError, TrainingStopped, distributed.PortInUse, distributed.UnreachableAddress,
              *([checkpoint.CheckpointError] if hasattr(checkpoint, "CheckpointError") else []))
     if isinstance(error, known):

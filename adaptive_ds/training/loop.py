@@ -260,7 +260,7 @@ class Trainer:
         try:
             with self.metrics.displaying(self.start_step, self.rank), \
                     StopRequest(self.settings.stop_grace_s, self.settings.collective_timeout_s,
-                                self.progress.signalled) as stop:
+                                self.progress.signalled, self.progress.signalled_at) as stop:
                 step = self._train_steps(_agreed_first(loader), stop)
                 if not self.stopped_early and stop.settle():  # a signal during the last step
                     self._handle(_SIGNALLED, step, stop)

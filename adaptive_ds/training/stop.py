@@ -52,6 +52,7 @@ class Progress:
     # process is, and where that is a __del__ or a weakref callback, the exception the handler raises is printed
     # ("Exception ignored") and lost; the loop's StopRequest takes the signal up from here
     signalled: int | None = None
+    signalled_at: float | None = None  # when (monotonic seconds): the grace period counts from there
 
 
 class StopRequested(Exception):
@@ -66,13 +67,15 @@ class StopRequest:
     """Installs the marking handlers for SIGTERM and SIGINT while the training loop runs (`with StopRequest(...)`),
     and answers, at each step boundary, whether every rank has agreed to stop (`agreed`)."""
 
-    def __init__(self, grace_s: float, timeout_s: float | None = None, signalled: int | None = None):
+    def __init__(self, grace_s: float, timeout_s: float | None = None, signalled: int | None = None,
+                 signalled_at: float | None = None):
         """`timeout_s`: the run's collective timeout (`collective_timeout_s`), which bounds the agreement too.
-        `signalled`: a signal that arrived before the loop began and was not acted on (Progress.signalled): the run
-        stops at its first step boundary, as if it had arrived now."""
+        `signalled`, `signalled_at`: a signal that arrived before the loop began and was not acted on, and when
+        (Progress): the run stops at a step boundary (the first, on one process; the ranks agree one boundary
+        later), its grace period counted from the signal's arrival."""
         self.grace_s = grace_s
         self.signum: int | None = signalled  # the first signal this process received
-        self.received: float | None = None if signalled is None else time.monotonic()  # when (monotonic seconds)
+        self.received: float | None = signalled_at if signalled is not None else None  # when (monotonic seconds)
         self._previous: dict[int, object] = {}
         self._group = None
         self._offered: torch.Tensor | None = None

@@ -165,6 +165,7 @@ def test_the_deepspeed_launchers_shared_memory_is_returned_when_the_run_ends(run
     assert not any(os.path.exists(name) for name in names)
 
 
+@pytest.mark.slow
 def test_two_process_expert_parallel_run_with_the_deepspeed_launcher(tmp_path, run_command):
     out = tmp_path / "run"
     result = run_command(["deepspeed", "--num_gpus", "2", "launchers/train.py", "--ds_config",
