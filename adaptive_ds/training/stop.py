@@ -75,7 +75,7 @@ class StopRequest:
         later), its grace period counted from the signal's arrival."""
         self.grace_s = grace_s
         self.signum: int | None = signalled  # the first signal this process received
-        self.received: float | None = signalled_at if signalled is not None else None  # when (monotonic seconds)
+        self.received: float | None = signalled_at  # when (monotonic seconds)
         self._previous: dict[int, object] = {}
         self._group = None
         self._offered: torch.Tensor | None = None

@@ -10,7 +10,6 @@ import torch
 from helpers.common import DEBUG_CPU, ROOT, free_port, run_command, write_ds_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from adaptive_ds.distributed import SHARED_MEMORY_SEGMENT
 from adaptive_ds.export.convert import main as export_main
 from adaptive_ds.models import ARCHITECTURES
 from adaptive_ds.training import train
@@ -159,7 +158,8 @@ def test_the_deepspeed_launchers_shared_memory_is_returned_when_the_run_ends(run
     ranks = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"rank"')),
                    key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["made"] for r in ranks)
-    names = [SHARED_MEMORY_SEGMENT.format(uid=os.getuid(), address="127.0.0.1", port=port, rank=r) for r in (0, 1)]
+    # DeepSpeed's names (ops/csrc/cpu/comm/shm.cpp): user, rendezvous address and port, rank
+    names = [f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_{rank}" for rank in (0, 1)]
     for rank in ranks:
         assert rank["mapped"] == [f"{name} (deleted)" for name in names], rank
     assert not any(os.path.exists(name) for name in names)
