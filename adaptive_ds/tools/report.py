@@ -19,14 +19,17 @@ import torch
 
 
 def commit() -> str:
-    """The checkout's short commit hash, with "+changes" when the tree differs from it; "unknown" outside git."""
+    """The checkout's short commit hash, with "+changes" when the tree differs from it; outside git (a copy of the
+    tree without its .git, as in a container image) the value of ADAPTIVE_DS_COMMIT, which whoever copied the tree
+    sets to its commit, else "unknown"."""
+    given = os.environ.get("ADAPTIVE_DS_COMMIT", "").strip()
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return given or "unknown"
     return f"{head}+changes" if dirty else head
 
 

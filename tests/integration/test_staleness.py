@@ -114,3 +114,20 @@ def test_each_section_of_benchmarks_md_is_labelled_exactly_when_its_code_changed
     label = section.split("\n\n", 1)[0] if unlabelled(section) != section else None
     assert label == state.label, (f"{key}: render it again (python -m adaptive_ds.tools.benchmark --restate "
                                   "REPORT --benchmarks_md BENCHMARKS.md)")
+
+
+def test_a_copy_of_the_tree_without_git_takes_its_commit_from_the_environment(repo, tmp_path, monkeypatch):
+    """A report's provenance from a tree copied without its .git (a container image) is the commit its copier
+    names; inside a checkout git's own answer wins, and without either it is 'unknown'."""
+    from adaptive_ds.tools.report import commit
+
+    head = _commit(repo, "adaptive_ds/models/model.py", "v1\n")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    monkeypatch.chdir(plain)
+    monkeypatch.delenv("ADAPTIVE_DS_COMMIT", raising=False)
+    assert commit() == "unknown"
+    monkeypatch.setenv("ADAPTIVE_DS_COMMIT", "abc1234")
+    assert commit() == "abc1234"
+    monkeypatch.chdir(repo)
+    assert commit() == head
