@@ -52,6 +52,7 @@ def init_distributed(timeout_s: float | None = None) -> None:
     if dist.is_initialized():
         return
     use_this_environments_ninja()
+    arch_list_deepspeed_can_read()
     choice = port_choice(os.environ)  # before a plain start exports a launcher's variables itself
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -276,6 +277,26 @@ def use_this_environments_ninja() -> None:
     path = os.environ.get("PATH", "").split(os.pathsep)
     if os.path.exists(os.path.join(bin_dir, "ninja")) and path[0] != bin_dir:
         os.environ["PATH"] = os.pathsep.join([bin_dir, *path])
+
+
+def arch_list_deepspeed_can_read() -> None:
+    """Rewrite TORCH_CUDA_ARCH_LIST's arch-specific entries ("9.0a", "10.0f") to their plain compute capability.
+
+    torch reads these suffixes (the Hopper and Blackwell features of `sm_90a`, `sm_100f`), and CUDA images set them,
+    but DeepSpeed's JIT builder reads each entry as numbers and stops with "invalid literal for int()" while building
+    FusedAdam, the optimizer of every CUDA config that names Adam. Its kernels use none of those features, so the
+    plain capability builds the same op. Entries DeepSpeed reads ("8.0", "9.0+PTX") stay as they are.
+    """
+    value = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not value:
+        return
+    entries = [entry for entry in value.replace(" ", ";").split(";") if entry]
+    readable = list(dict.fromkeys(re.sub(r"^(\d+\.\d+)[a-z]+", r"\1", entry) for entry in entries))
+    if readable != entries:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(readable)
+        logging.getLogger(__name__).warning(
+            "TORCH_CUDA_ARCH_LIST %r taken as %r: DeepSpeed's op builder reads no arch-specific suffix", value,
+            os.environ["TORCH_CUDA_ARCH_LIST"])
 
 
 def bound_collectives(timeout_s: float) -> None:

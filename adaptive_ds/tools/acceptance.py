@@ -49,6 +49,7 @@ import logging
 import math
 import operator
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -199,7 +200,8 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])  # fp16's loss scale, skipped steps
     plan = plan_ds_config(preset, "dense", "t4", config, gpus=1, vocab_size=len(embedded_tokenizer()))
-    result = {"command": "python -m adaptive_ds.training " + shlex.join(argv), "ds_config": config, **_peak(),
+    shown = [arg.replace(f"{workdir}{os.sep}", "") for arg in argv]  # the stage's own files, not this machine's
+    result = {"command": "python -m adaptive_ds.training " + shlex.join(shown), "ds_config": config, **_peak(),
               "predicted_peak_gib": plan.peak_gib, "steps": summary["steps"],
               "training_tokens_per_s": summary.get("training_tokens_per_s"), "train_loss": summary["train_loss"],
               "validation_loss": summary["validation_loss"], "gpu_memory_cap_gib": B1_T4_CAP_GIB,
@@ -374,9 +376,16 @@ def _show(value: float, unit: str) -> str:
     return f"{value:g} {unit}"
 
 
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+
+
 def _last_line(error) -> str:
-    lines = str(error or "no error message").strip().splitlines()
-    return lines[-1] if lines else "no error message"
+    """The line that says what went wrong: the last exception line of a traceback (a process's exit can print
+    warnings after it, as NCCL's teardown does), else the last line."""
+    lines = [_RANK_PREFIX.sub("", line) for line in str(error or "").strip().splitlines()]
+    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (raised or lines or ["no error message"])[-1]
 
 
 def failures(report: dict) -> list[str]:
@@ -426,8 +435,8 @@ def markdown(report: dict) -> str:
                        f"{r.get('training_tokens_per_s') or 0:,.0f} tokens/s; {scale}"
                        f"{r.get('skipped_steps', 0)} steps skipped; `{r.get('command', '')}`")
         elif name == "benchmark":
-            figures = (f"{r.get('preset')} {r.get('precision')}, micro-batch {r.get('micro_batch')}: section "
-                       f"`throughput:{r.get('preset')}:gpu` below")
+            figures = (f"{r['preset']} {r['precision']}, micro-batch {r['micro_batch']}: section "
+                       f"`throughput:{r['preset']}:gpu` below" if r.get("ok") else "-")
         else:
             micro = r.get("ds_config", {}).get("train_micro_batch_size_per_gpu")
             figures = (f"{len(r.get('step_s', []))} steps of {micro} x 2048 tokens, losses "
@@ -436,7 +445,11 @@ def markdown(report: dict) -> str:
                        f"{_gib(r, 'peak_reserved_gib')}; planner {_gib(r, 'predicted_peak_gib')} on the GPU, "
                        f"{_gib(r, 'predicted_cpu_states_gib')} in host memory; "
                        f"{r.get('tokens_per_s_after_first', 0):,.0f} tokens/s after the first step")
-        lines.append(f"| {name} | {status} | {figures} | {r.get('seconds', 0):.0f} |")
+        seconds = "-" if r.get("seconds") is None else f"{r['seconds']:.0f}"
+        lines.append(f"| {name} | {status} | {figures} | {seconds} |")
+    for name, rerun in report.get("reruns", {}).items():  # a stage run again by hand, through `--stage`
+        lines += ["", f"Stage {name}'s record comes from a second run of the stage alone, `{rerun['command']}`: "
+                      f"{rerun['why']}. Its seconds: {rerun['seconds']}."]
     lines += ["", "| target | stage | needs | measured | verdict |", "|---|---|---|---|---|"]
     for v in report["targets"]:
         measured = "-" if v["measured"] is None else _show(v["measured"], v["unit"])

@@ -111,7 +111,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..distributed import use_this_environments_ninja
+    from ..distributed import arch_list_deepspeed_can_read, use_this_environments_ninja
     from .quickstart import cpu_model
     from .report import commit, machine, write_report
 
@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         p.error(str(error))
     use_this_environments_ninja()  # the environment's ninja, as every run of ours uses: a build each one reuses
+    arch_list_deepspeed_can_read()
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator

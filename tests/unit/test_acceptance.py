@@ -9,7 +9,7 @@ import pytest
 from helpers.common import ROOT
 
 from adaptive_ds.tools import acceptance, report, staleness
-from adaptive_ds.tools.acceptance import STAGES, TARGETS, failures, judge, summary_lines
+from adaptive_ds.tools.acceptance import STAGES, TARGETS, failures, judge, markdown, summary_lines
 from adaptive_ds.tools.benchmark import RATIOS
 
 
@@ -118,6 +118,22 @@ def test_a_crashed_stage_fails_the_run_and_leaves_its_targets_unmeasured_the_oth
                                "2.00 GiB; not measured: b7 dense trains on one H200")
     assert lines[1].startswith('stage benchmark missed target "hybrid (MoD 0.5 in every block) >= 1.4x moe')
     assert len(lines) == 2
+
+
+def test_a_failed_stage_is_named_by_its_exception_not_by_what_the_process_printed_after_it():
+    """Seen on an H200: a stage's stderr ended with NCCL's teardown warning, after the traceback of the error."""
+    stages = _passing()
+    stages["benchmark"] = {"ok": False, "seconds": 23.0, "error": (
+        "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"builder.py\", line 710, in <genexpr>\n"
+        "[rank0]: ValueError: invalid literal for int() with base 10: '0a'\n"
+        "[rank0]:[W1204 16:59:30.854396800 ProcessGroupNCCL.cpp:1575] Warning: WARNING: destroy_process_group() "
+        "was not called before program exit, which can leak resources.")}
+    report = {**_report(stages), "date": "2026-12-04", "machine": "NVIDIA H200 (1 GPU)", "torch": "2.11.0",
+              "deepspeed": "0.19.8", "commit": "abc1234", "command": "python -m adaptive_ds.tools.acceptance"}
+    assert failures(report)[0].startswith("stage benchmark failed: ValueError: invalid literal for int() with base "
+                                          "10: '0a'; not measured: dense debug_200m >= 45% MFU")
+    row = next(line for line in markdown(report).splitlines() if line.startswith("| benchmark |"))
+    assert row == "| benchmark | **failed**: ValueError: invalid literal for int() with base 10: '0a' | - | 23 |"
 
 
 @pytest.mark.parametrize("missing", ["none", "absent", "nan"])

@@ -126,6 +126,29 @@ def test_every_process_builds_deepspeeds_ops_with_the_environments_ninja(monkeyp
     assert os.environ["PATH"] == f"{bin_dir}:/usr/bin:/bin"
 
 
+def test_an_arch_list_with_arch_specific_entries_is_one_deepspeeds_builder_reads(monkeypatch):
+    """CUDA images set TORCH_CUDA_ARCH_LIST to entries such as "9.0a", which DeepSpeed's FusedAdam build cannot
+    parse (seen on an H200 image); ours take the plain capability and leave readable lists alone."""
+    import importlib
+
+    from adaptive_ds.distributed import arch_list_deepspeed_can_read
+
+    builder = importlib.import_module("deepspeed.ops.op_builder.fused_adam").FusedAdamBuilder()
+    builder.jit_mode = True  # as DeepSpeed's jit_load sets it before reading the list
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0a;10.0f+PTX;9.0")
+    with pytest.raises(ValueError, match="invalid literal"):
+        builder.compute_capability_args()
+    arch_list_deepspeed_can_read()
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0+PTX"
+    builder.compute_capability_args()  # reads it
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.6 9.0+PTX")
+    arch_list_deepspeed_can_read()
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "8.6 9.0+PTX"
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    arch_list_deepspeed_can_read()
+    assert "TORCH_CUDA_ARCH_LIST" not in os.environ
+
+
 def test_the_summary_line_counts_tokens_and_seconds_over_one_span():
     """After a resume the tokens are the whole run's and the seconds this start's: the line says how many of the
     tokens this start trained in them (600 steps of 4,096 tokens, resumed at 400: 819,200 in its 426 s)."""
