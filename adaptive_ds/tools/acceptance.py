@@ -193,7 +193,8 @@ def stage_b1_t4(dry: bool, workdir: Path) -> dict:
     preset, steps = ("debug", 3) if dry else ("b1", 30)
     config["adaptive_ds"].update(preset=preset, data="embedded", max_steps=steps, warmup_steps=3, log_steps=10,
                                  eval_steps=0, save_steps=0, eval_batches=2)
-    path, out = workdir / "b1_t4.json", workdir / "b1_t4_run"
+    # named apart from the shipped b1_t4.json, which a bare "b1_t4.json" would resolve to: this is its stage copy
+    path, out = workdir / "b1_t4_stage.json", workdir / "b1_t4_stage_run"
     path.write_text(json.dumps(config))
     argv = ["--ds_config", str(path), "--output_dir", str(out), "--gpu_memory_gib", str(B1_T4_CAP_GIB)]
     train(argv)
@@ -377,15 +378,18 @@ def _show(value: float, unit: str) -> str:
 
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
 
 
 def _last_line(error) -> str:
-    """The line that says what went wrong: the last exception line of a traceback (a process's exit can print
+    """The line that says what went wrong: a traceback's own last line, the exception (a process's exit can print
     warnings after it, as NCCL's teardown does), else the last line."""
     lines = [_RANK_PREFIX.sub("", line) for line in str(error or "").strip().splitlines()]
-    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
-    return (raised or lines or ["no error message"])[-1]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if starts:  # the traceback's frames are indented; the first line after them that is not names the exception
+        raised = next((line for line in lines[starts[-1] + 1:] if line and not line[0].isspace()), None)
+        if raised:
+            return raised
+    return (lines or ["no error message"])[-1]
 
 
 def failures(report: dict) -> list[str]:
@@ -433,7 +437,8 @@ def markdown(report: dict) -> str:
             figures = (f"peak allocated {_gib(r, 'peak_allocated_gib')}, reserved {_gib(r, 'peak_reserved_gib')} "
                        f"under a {B1_T4_CAP_GIB} GiB cap; planner {_gib(r, 'predicted_peak_gib')}; "
                        f"{r.get('training_tokens_per_s') or 0:,.0f} tokens/s; {scale}"
-                       f"{r.get('skipped_steps', 0)} steps skipped; `{r.get('command', '')}`")
+                       f"{r.get('skipped_steps', 0)} steps skipped; `{r.get('command', '')}` (b1_t4_stage.json: "
+                       "the stage's `ds_config` in the report)")
         elif name == "benchmark":
             figures = (f"{r['preset']} {r['precision']}, micro-batch {r['micro_batch']}: section "
                        f"`throughput:{r['preset']}:gpu` below" if r.get("ok") else "-")
@@ -447,9 +452,9 @@ def markdown(report: dict) -> str:
                        f"{r.get('tokens_per_s_after_first', 0):,.0f} tokens/s after the first step")
         seconds = "-" if r.get("seconds") is None else f"{r['seconds']:.0f}"
         lines.append(f"| {name} | {status} | {figures} | {seconds} |")
-    for name, rerun in report.get("reruns", {}).items():  # a stage run again by hand, through `--stage`
-        lines += ["", f"Stage {name}'s record comes from a second run of the stage alone, `{rerun['command']}`: "
-                      f"{rerun['why']}. Its seconds: {rerun['seconds']}."]
+    for name, rerun in report.get("reruns", {}).items():  # a stage's record from a run of that stage alone
+        lines += ["", f"Stage {name}'s record comes from a second run of that stage alone, in its own process as "
+                      f"the command runs each stage, `{rerun['command']}`: {rerun['why']}."]
     lines += ["", "| target | stage | needs | measured | verdict |", "|---|---|---|---|---|"]
     for v in report["targets"]:
         measured = "-" if v["measured"] is None else _show(v["measured"], v["unit"])
@@ -500,7 +505,7 @@ def write(report: dict, out: str, benchmarks_md: str | None) -> None:
 
 def summary_lines(report: dict, out: str) -> list[str]:
     """What the command prints: each stage, each target, the report's path, and last, what failed (if anything)."""
-    lines = [f"stage {name}: {'completed' if r['ok'] else 'FAILED'} ({r.get('seconds', 0):.0f} s)"
+    lines = [f"stage {name}: {'completed' if r['ok'] else 'FAILED'} ({r.get('seconds') or 0:.0f} s)"
              for name, r in report["stages"].items()]
     for v in report["targets"]:
         measured = "" if v["measured"] is None else f": {_show(v['measured'], v['unit'])}"

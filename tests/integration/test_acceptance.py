@@ -33,8 +33,8 @@ def test_the_acceptance_command_dry_runs_every_stage_on_cpu(tmp_path, run_comman
     assert "6 tests collected" in stages["gpu_tests"]["summary"]
     assert stages["b1_t4"]["steps"] == 3 and math.isfinite(stages["b1_t4"]["train_loss"])
     # the stage's own files by their names: no path of the machine it ran on goes into a published report
-    assert stages["b1_t4"]["command"] == ("python -m adaptive_ds.training --ds_config b1_t4.json --output_dir "
-                                          "b1_t4_run --gpu_memory_gib 15")
+    assert stages["b1_t4"]["command"] == ("python -m adaptive_ds.training --ds_config b1_t4_stage.json "
+                                          "--output_dir b1_t4_stage_run --gpu_memory_gib 15")
     # the shipped configs' precision, loss scaling and offload, wherever DeepSpeed's accelerator here runs them
     b1_t4, b7 = shipped("b1_t4.json"), shipped("b7_a100_40gb_offload.json")
     assert stages["b1_t4"]["ds_config"]["zero_optimization"] == b1_t4["zero_optimization"]  # ZeRO-2, CPU Adam

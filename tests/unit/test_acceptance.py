@@ -136,6 +136,34 @@ def test_a_failed_stage_is_named_by_its_exception_not_by_what_the_process_printe
     assert row == "| benchmark | **failed**: ValueError: invalid literal for int() with base 10: '0a' | - | 23 |"
 
 
+@pytest.mark.parametrize("raised", ["Exception: boom", "subprocess.TimeoutExpired: Command '['x']' timed out after 5 "
+                                    "seconds", "torch._dynamo.exc.Unsupported: a graph break", "StopIteration"])
+def test_any_exception_a_traceback_ends_with_names_the_stage(raised):
+    """Whatever the exception's class is called: the traceback's own last line, not what was printed after it."""
+    from adaptive_ds.tools.acceptance import _last_line
+
+    error = (f"[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
+             f"[rank0]:     main()\n[rank0]: {raised}\n[rank0]:[W1204 ProcessGroupNCCL.cpp:1575] Warning: teardown")
+    assert _last_line(error) == raised
+    assert _last_line("no traceback here\nthe last line") == "the last line" and _last_line("") == "no error message"
+
+
+def test_a_stage_run_again_alone_is_rendered_with_its_command_and_why():
+    stages = _passing()
+    report = {**_report(stages), "date": "2026-12-04", "machine": "NVIDIA H200 (1 GPU)", "torch": "2.11.0",
+              "deepspeed": "0.19.8", "commit": "abc1234", "command": "python -m adaptive_ds.tools.acceptance",
+              "reruns": {"benchmark": {"command": "python -m adaptive_ds.tools.acceptance --stage benchmark",
+                                       "why": "the first attempt failed"}}}
+    stages["benchmark"]["seconds"] = None
+    text = markdown(report)
+    assert ("Stage benchmark's record comes from a second run of that stage alone, in its own process as the command "
+            "runs each stage, `python -m adaptive_ds.tools.acceptance --stage benchmark`: the first attempt failed."
+            ) in text
+    assert "| benchmark | completed | debug_200m bf16, micro-batch 8: section `throughput:debug_200m:gpu` below | - |" \
+        in text
+    assert "stage benchmark: completed (0 s)" in summary_lines(report, "r.json")
+
+
 @pytest.mark.parametrize("missing", ["none", "absent", "nan"])
 def test_a_figure_missing_from_a_completed_stage_fails_the_run(missing):
     stages = _passing()
