@@ -151,3 +151,22 @@ def snapshot(directory) -> dict[str, bytes]:
     was written."""
     return {os.path.relpath(os.path.join(d, f), directory): open(os.path.join(d, f), "rb").read()
             for d, _, names in os.walk(directory) for f in names}
+
+
+def once_per_run(tmp_path_factory, name: str, compute):
+    """`compute(directory)`'s result (JSON-able), worked out by the first pytest worker that asks for it and read by
+    every other one: a module-scoped fixture is otherwise computed once per worker that runs a test of its module,
+    and a reference run of several processes is the costly kind. xdist's workers share the parent of their base
+    temporary folders; without workers the base folder is this run's alone."""
+    import filelock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    result = root / f"{name}.json"
+    with filelock.FileLock(str(root / f"{name}.lock")):
+        if not result.exists():
+            directory = root / name
+            directory.mkdir(exist_ok=True)
+            result.write_text(json.dumps(compute(directory)))
+        return json.loads(result.read_text())

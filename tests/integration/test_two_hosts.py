@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.common import ROOT, free_port, logged_losses, output_within, script_env, write_ds_config
+from helpers.common import ROOT, free_port, logged_losses, once_per_run, output_within, script_env, write_ds_config
 from helpers.hosts import TwoHosts, Unavailable
 
 MAX_STEPS, SAVE_STEPS, HELD_STEP = 6, 2, 5  # held (and cut) before step 5: the resume starts from step 4
@@ -49,8 +49,13 @@ def _ds_config(directory: Path) -> str:
 
 @pytest.fixture(scope="module")
 def one_host(tmp_path_factory) -> dict[int, float]:
-    """The same run (2 processes of micro-batch 2, the same global batch) on one host, over loopback."""
-    tmp = tmp_path_factory.mktemp("one_host")
+    """The same run (2 processes of micro-batch 2, the same global batch) on one host, over loopback: run once for
+    all of this module's tests, whichever workers run them."""
+    losses = once_per_run(tmp_path_factory, "two_hosts_one_host", _one_host_losses)
+    return {int(step): loss for step, loss in losses.items()}
+
+
+def _one_host_losses(tmp: Path) -> dict[int, float]:
     process = subprocess.Popen(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
                                 "launchers/train.py", "--ds_config", _ds_config(tmp), "--output_dir", str(tmp / "out")],
                                cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
