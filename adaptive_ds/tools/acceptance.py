@@ -425,7 +425,9 @@ def markdown(report: dict) -> str:
     """The BENCHMARKS.md section of an acceptance run: provenance, one line per stage, one line per target."""
     stages = report["stages"]
     lines = [f"Measured {report['date']} on {report['machine']}, torch {report['torch']}, deepspeed "
-             f"{report['deepspeed']}, commit {report['commit']}: `{report['command']}`"
+             f"{report['deepspeed']}, "
+             + (f"transformers {report['transformers']}, " if "transformers" in report else "")
+             + f"commit {report['commit']}: `{report['command']}`"
              + (" (dry run on CPU: tiny sizes, no figures)." if report["dry_run"] else "."), "",
              "| stage | result | figures | seconds |", "|---|---|---|---|"]
     for name, r in stages.items():
@@ -470,8 +472,11 @@ def run(stages: list[str], dry: bool, micro_batch: int, command: str) -> dict:
     from .report import commit, machine
 
     workdir = Path(tempfile.mkdtemp(prefix="acceptance-"))
+    import transformers  # the hf_* cases of the benchmark stage measure its models
+
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit(), "dry_run": dry,
-              "command": command, "torch": torch.__version__, "deepspeed": deepspeed.__version__, "stages": {}}
+              "command": command, "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+              "transformers": transformers.__version__, "stages": {}}
     try:
         for name in stages:
             logger.info("stage %s ...", name)

@@ -168,8 +168,6 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int | None, micr
     """`rounds` counted rounds of `steps` optimizer steps per case, after a warm-up round of `warmup` steps per case
     (None: `steps`, a round like the others). `compile_backend`: torch.compile's backend for the compiled cases
     ("eager" traces without code generation, for a quick check of the graphs)."""
-    import transformers  # its version goes into the report: the hf_* cases measure its models
-
     warmup = steps if warmup is None else warmup
     distributed.init_distributed()
     seq_len = PRESETS[preset].seq_len
@@ -195,8 +193,7 @@ def run_benchmark(preset: str, steps: int, rounds: int, warmup: int | None, micr
                    + ("" if list(cases) == list(CASES) else " --cases " + " ".join(cases)),
         "seq_len": seq_len, "micro_batch": micro_batch, "precision": precision, "steps_per_round": steps,
         "rounds": rounds, "warmup_steps": warmup, "device": device, "peak_tflops": peak, "torch": torch.__version__,
-        "deepspeed": deepspeed.__version__, "transformers": transformers.__version__, "results": results,
-        "round_orders": orders})
+        "deepspeed": deepspeed.__version__, "results": results, "round_orders": orders})
 
 
 def forget_peak_rss() -> None:
@@ -421,8 +418,7 @@ def markdown(report: dict) -> str:
     gpu = report["peak_tflops"] is not None
     lines = [
         f"Measured {report['date']} on {report['machine']}, torch {report['torch']}, deepspeed {report['deepspeed']}, "
-        + (f"transformers {report['transformers']}, " if "transformers" in report else "")
-        + f"commit {report['commit']}: `{report['command']}`. {report['precision']}, ZeRO-1, micro-batch "
+        f"commit {report['commit']}: `{report['command']}`. {report['precision']}, ZeRO-1, micro-batch "
         f"{report['micro_batch']} x seq {report['seq_len']}, embedded corpus, every case through the same DeepSpeed "
         f"engine. {report['rounds']} rounds, each running every case back to back for {report['steps_per_round']} "
         f"optimizer steps{' (each round starting one case later than the last)' * bool(report.get('round_orders'))}"

@@ -66,7 +66,8 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess | None:
 
 def staleness(commit: str, paths: tuple[str, ...], repo: Path = REPOSITORY) -> Staleness:
     """Whether a commit after `commit` (a short hash, "+changes" ignored) changed `paths` (relative to the
-    repository's top), and the first that did, as git at `repo` answers."""
+    repository's top), and the first that did, as git at `repo` answers; not where HEAD holds them as `commit` did
+    (a change undone since)."""
     measured = commit.removesuffix("+changes")
     if not re.fullmatch(r"[0-9a-f]{4,40}", measured):
         return Staleness(measured, paths, unknown=f"commit {measured!r} is not a commit hash")
@@ -83,6 +84,9 @@ def staleness(commit: str, paths: tuple[str, ...], repo: Path = REPOSITORY) -> S
         return Staleness(measured, paths, unknown=f"git could not list the commits after {measured}")
     first = later.stdout.split()[:1]
     if not first:
+        return Staleness(measured, paths)
+    undone = _git(repo, "diff", "--quiet", measured, "HEAD", "--", *(f":(top){p}" for p in paths))
+    if undone is not None and undone.returncode == 0:  # the commits since changed it and changed it back
         return Staleness(measured, paths)
     return Staleness(measured, paths, since=_git(repo, "rev-parse", "--short=7", first[0]).stdout.strip())
 

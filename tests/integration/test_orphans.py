@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +47,10 @@ def _workers(launcher: psutil.Process) -> list[psutil.Process]:
     return found
 
 
+SIGINT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execvp(sys.argv[1], sys.argv[1:])"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["deepspeed", "torchrun"])
 def test_workers_save_and_exit_when_their_launcher_is_gone(launcher, tmp_path):
@@ -54,6 +59,9 @@ def test_workers_save_and_exit_when_their_launcher_is_gone(launcher, tmp_path):
     port = str(free_port())
     start = (["deepspeed", "--master_port", port, "--num_gpus", "2"] if launcher == "deepspeed" else
              ["torchrun", "--nproc_per_node", "2", "--master_port", port])
+    # SIGINT's default action in the launcher, as a terminal's Ctrl-C finds it: a test run started in the background
+    # of a shell without job control inherits SIGINT ignored, and the runner then outlives the signal it is sent
+    start = [*SIGINT_DEFAULT, *start]
     log = tmp_path / "log"
     with open(log, "w") as sink:
         process = subprocess.Popen([*start, str(ROOT / "launchers" / "train.py"), "--ds_config", config,

@@ -55,6 +55,18 @@ def test_a_change_of_the_measured_code_after_the_sections_commit_makes_it_stale_
     assert section_staleness("grid:debug:embedded-hard", measured, repo) is None  # a kind that measures no code
 
 
+def test_a_change_undone_since_leaves_the_section_fresh(repo):
+    """What the figures measured is what HEAD holds again (a change reverted): not stale; changed again, stale since
+    the first change after the measured commit."""
+    measured = _commit(repo, "adaptive_ds/models/model.py", "v1\n")
+    changed = _commit(repo, "adaptive_ds/tools/benchmark.py", "a field more\n")
+    _git(repo, "rm", "-q", "adaptive_ds/tools/benchmark.py")
+    _git(repo, "commit", "-q", "-m", "undo")
+    assert staleness.staleness(measured, THROUGHPUT, repo).since is None
+    _commit(repo, "adaptive_ds/models/model.py", "v2\n")
+    assert staleness.staleness(measured, THROUGHPUT, repo).since == changed
+
+
 def test_a_commit_git_cannot_place_is_said_so_not_a_crash(repo, tmp_path):
     measured = _commit(repo, "adaptive_ds/models/model.py", "v1\n")
     _git(repo, "checkout", "-q", "-b", "other")
