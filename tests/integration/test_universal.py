@@ -114,24 +114,24 @@ def _assert_resumed_on_one_process(tmp_path, out, reference, config, capfd, num_
 
 
 @pytest.mark.slow
-# mod's parameters convert as dense's do (no expert layout): dense stands for both; moe: the test below
-@pytest.mark.parametrize("arch", ["dense", "hybrid"])
-def test_a_two_process_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_path, arch, capfd):
-    # dense on prepared data: its global sample index also makes 2 processes x 2 rows and 1 process x 2 x 2 rows
-    # train on the same rows (the resume below continues the 2-process curve on one process)
-    data = prepared(tmp_path, seq_len=256) if arch == "dense" else None
-    expert_parallel = ["--ep_size", "2"] if arch == "hybrid" else []
-    out, reference, two, one = _train(tmp_path, arch, *expert_parallel, data=data)
-    if data:
-        train(["--ds_config", one, "--output_dir", str(tmp_path / "one")])
-        assert list(_losses(tmp_path / "one").values()) == pytest.approx(list(reference.values()), rel=2e-5)
-    _assert_resumed_on_one_process(tmp_path, out, reference, two, capfd,
-                                   num_experts=8 if expert_parallel else None)
+def test_a_two_process_dense_checkpoint_resumes_on_one_process_with_what_it_saved(tmp_path, capfd):
+    """Dense stands for mod too, whose parameters convert as dense's do (no expert layout); the expert layouts are the
+    test below. On prepared data: its global sample index also makes 2 processes x 2 rows and 1 process x 2 x 2 rows
+    train on the same rows (the resume below continues the 2-process curve on one process)."""
+    data = prepared(tmp_path, seq_len=256)
+    out, reference, two, one = _train(tmp_path, "dense", data=data)
+    train(["--ds_config", one, "--output_dir", str(tmp_path / "one")])
+    assert list(_losses(tmp_path / "one").values()) == pytest.approx(list(reference.values()), rel=2e-5)
+    _assert_resumed_on_one_process(tmp_path, out, reference, two, capfd)
 
 
 @pytest.mark.slow
-def test_an_moe_checkpoint_resumes_on_one_process_and_with_another_ep_size_on_the_same_processes(tmp_path, capfd):
-    out, reference, two, _ = _train(tmp_path, "moe", "--ep_size", "2")  # one 2-process run for both
+def test_an_expert_parallel_checkpoint_resumes_on_one_process_and_with_another_ep_size_on_the_same_processes(
+        tmp_path, capfd):
+    """The hybrid: every parameter kind moe has (experts split over ep_size 2, their gates) and mod's routers and
+    predictors beside them, so one 2-process run covers moe's expert layout and the hybrid's (moe alone: the layout
+    matrix, tests/integration/test_layout_matrix.py, resumes its checkpoints across ep_size)."""
+    out, reference, two, _ = _train(tmp_path, "hybrid", "--ep_size", "2")  # one 2-process run for both
     pristine = tmp_path / "pristine"
     shutil.copytree(out, pristine)
     _assert_resumed_on_one_process(tmp_path, out, reference, two, capfd, num_experts=8)
