@@ -43,7 +43,8 @@ from .arguments import ConfigError, parse
 from .checkpoint import Checkpointer
 from .controller import CONTINUE, Action, Controller, TrainingStopped, Verdict, controller_settings
 from .engine import apply_knobs, build_engine, configured_knobs, discard_partial_step, loss_scale
-from .metrics import MetricsWriter, PhaseClock, peak_memory, plot_losses, write_summary
+from .loss_plot import plot_losses
+from .metrics import MetricsWriter, PhaseClock, peak_memory, write_summary
 from .metrics_processor import MetricsProcessor, StepResult
 from .moe_adapter import expert_parallel_group
 from .stop import Progress, StopRequest
@@ -451,7 +452,7 @@ class Trainer:
     def _optional_outputs(self, summary: dict, last_step: int) -> None:
         """After summary.json and final/ are on disk: the plot and the Hub push, which may fail on their own."""
         stats = self.data.statistics
-        plot_losses(os.path.join(self.output_dir, "metrics.jsonl"), os.path.join(self.output_dir, "loss.png"),
+        plot_losses(os.path.join(self.output_dir, "metrics.jsonl"), os.path.join(self.output_dir, "loss.svg"),
                     stats.entropy_floor if stats else None, (last_step, summary["validation_loss"]))
         if self.pusher:
             self.pusher.wait()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -331,40 +330,6 @@ def _step_of(line: bytes) -> int | None:
         return json.loads(line)["step"] if line.strip() else None
     except json.JSONDecodeError:
         return None
-
-
-def plot_losses(metrics_path: str, png_path: str, entropy_floor: float | None = None,
-                final_validation: tuple[int, float] | None = None) -> None:
-    """Train and validation loss against step, with the corpus's entropy floor where it is known.
-
-    matplotlib is optional (the logging extra): without it the plot is skipped with a warning."""
-    if importlib.util.find_spec("matplotlib") is None:
-        logger.warning("loss plot skipped: matplotlib is not installed (pip install 'adaptive_ds[logging]')")
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with open(metrics_path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    logged = [r for r in records if "loss" in r]  # a step that only validated has no train loss
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot([r["step"] for r in logged], [r["loss"] for r in logged], label="train loss")
-    validation = [(r["step"], r["validation_loss"]) for r in records if "validation_loss" in r]
-    if final_validation and final_validation not in validation:
-        validation.append(final_validation)
-    if validation:
-        ax.plot(*zip(*validation, strict=True), "o-", label="validation loss")
-    if entropy_floor is not None:
-        ax.axhline(entropy_floor, color="gray", linestyle="--", label=f"entropy floor {entropy_floor:.3f}")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
 
 
 def write_summary(output_dir: str, summary: dict) -> None:

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 # What a run writes before its first checkpoint: a directory holding only these (and an identity equal to this
 # run's) is this same run, killed before it saved anything, and starts over.
 OWN_FILES = {IDENTITY, "metrics.jsonl", "abandoned_metrics.jsonl", "decisions.jsonl", "checkpoints", "tensorboard",
-             "wandb", "loss.png"}
+             "wandb", "loss.svg", "loss.png"}  # loss.png: the plot of earlier versions
 
 # Where each state lives in a checkpoint, the one place that maps states to the files. run.json (written by rank 0)
 # holds the states every rank shares: the "trainer" and "metrics" states' keys at its top level, where checkpoints
