@@ -50,8 +50,9 @@ def test_every_module_imports_first_in_a_fresh_interpreter(run_command):
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {}
 
 
-def test_each_old_tool_path_runs_the_tool(run_command):
-    done = run_command([sys.executable, "-c", RUN_EACH_WITH_HELP, json.dumps([*ALIASES, *ALIASES.values()])])
+def test_each_old_tool_path_runs_the_tool_and_the_export_package_runs_as_a_module(run_command):
+    modules = [*ALIASES, *ALIASES.values(), "adaptive_ds.export"]  # a package: `python -m` runs its __main__
+    done = run_command([sys.executable, "-c", RUN_EACH_WITH_HELP, json.dumps(modules)])
     assert done.returncode == 0, done.stderr[-3000:]
     usage = json.loads(done.stdout.strip().splitlines()[-1])
     helps = {name: text[text.index("usage: "):] for name, (code, text) in usage.items() if code == 0}
@@ -59,11 +60,7 @@ def test_each_old_tool_path_runs_the_tool(run_command):
         assert alias in helps and "--help" in helps[alias], usage[alias]
         # the alias prints the tool's own help: after the usage lines (wrapped to the program's name), the same text
         assert helps[alias].split("\n\n", 1)[1] == helps[tool].split("\n\n", 1)[1], alias
-
-
-def test_the_export_package_runs_as_a_module(run_command):
-    done = run_command([sys.executable, "-m", "adaptive_ds.export", "--help"])
-    assert done.returncode == 0 and "--to {adaptive_ds,llama," in " ".join(done.stdout.split()), done.stderr[-2000:]
+    assert "--to {adaptive_ds,llama," in " ".join(helps["adaptive_ds.export"].split()), usage["adaptive_ds.export"]
 
 
 def test_exporting_and_sampling_load_neither_the_training_code_nor_deepspeed():
