@@ -452,8 +452,11 @@ class Trainer:
     def _optional_outputs(self, summary: dict, last_step: int) -> None:
         """After summary.json and final/ are on disk: the plot and the Hub push, which may fail on their own."""
         stats = self.data.statistics
-        plot_losses(os.path.join(self.output_dir, "metrics.jsonl"), os.path.join(self.output_dir, "loss.svg"),
-                    stats.entropy_floor if stats else None, (last_step, summary["validation_loss"]))
+        try:
+            plot_losses(os.path.join(self.output_dir, "metrics.jsonl"), os.path.join(self.output_dir, "loss.svg"),
+                        stats.entropy_floor if stats else None, (last_step, summary["validation_loss"]))
+        except Exception as error:  # the run's results are on disk: a chart that fails ends nothing
+            logger.warning("loss plot not written: %s: %s", type(error).__name__, error)
         if self.pusher:
             self.pusher.wait()
             self.pusher.push(os.path.join(self.output_dir, "final"), model_card(summary, startup.command()),

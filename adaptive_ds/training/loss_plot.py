@@ -18,22 +18,34 @@ LEFT, RIGHT, TOP, BOTTOM = 70, 20, 20, 50  # the plot area's margins, room for t
 TRAIN_COLOR, VALIDATION_COLOR, FLOOR_COLOR = "#1f77b4", "#ff7f0e", "#7f7f7f"
 
 
-def nice_ticks(low: float, high: float, count: int = 6) -> list[float]:
-    """About `count` evenly spaced values covering [low, high] at a step of 1, 2 or 5 times a power of ten, the first
-    at or below `low` and the last at or above `high`."""
+def nice_ticks(low: float, high: float, count: int = 6, min_step: float = 0.0) -> list[float]:
+    """About `count` evenly spaced values covering [low, high] at a step of 1, 2 or 5 times a power of ten (and at
+    least `min_step`), the first at or below `low` and the last at or above `high`. A range too narrow to tell apart
+    from its own values (a flat curve) is widened around them."""
     if not (math.isfinite(low) and math.isfinite(high)) or high < low:
         raise ValueError(f"no ticks for the range [{low}, {high}]")
-    if high == low:  # a flat curve: a unit-wide range around it
-        low, high = low - 0.5, high + 0.5
-    raw = (high - low) / max(1, count - 1)
+    flat = high - low <= 1e-9 * max(1.0, abs(low), abs(high))
+    if flat:
+        middle = (low + high) / 2
+        half = max(0.5, 0.05 * abs(middle))
+        low, high = middle - half, middle + half
+    raw = max((high - low) / max(1, count - 1), min_step)
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
     first, last = math.floor(low / step + 1e-9), math.ceil(high / step - 1e-9)
-    return [round(i * step, 12) for i in range(first, last + 1)]
+    return [i * step for i in range(first, last + 1)]
 
 
-def _label(value: float) -> str:
-    return f"{value:.6g}"
+def _labels(ticks: list[float]) -> list[str]:
+    """The ticks' labels, with as many decimals as their step needs (0.2, 0.25, 1000), so that no two read alike."""
+    step = ticks[1] - ticks[0]
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9) + 1)
+    decimals = min(decimals, 15)
+    for places in range(decimals, 16):
+        texts = [f"{value:.{places}f}" for value in ticks]
+        if len(set(texts)) == len(texts):
+            break
+    return [text.rstrip("0").rstrip(".") if "." in text else text for text in texts]
 
 
 def _segments(points: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
@@ -68,16 +80,16 @@ def _frame(area: _Area) -> list[str]:
     """Gridlines and labels at the ticks, the box, the axis titles."""
     right, bottom = area.right, area.bottom
     out = []
-    for x in area.x_ticks:
+    for x, label in zip(area.x_ticks, _labels(area.x_ticks), strict=True):
         out.append(f'<line class="grid" x1="{area.px(x)}" y1="{TOP}" x2="{area.px(x)}" y2="{bottom}" '
                    'stroke="#e5e5e5"/>')
         out.append(f'<text class="x-tick" data-value="{x!r}" x="{area.px(x)}" y="{bottom + 16}" '
-                   f'text-anchor="middle">{_label(x)}</text>')
-    for y in area.y_ticks:
+                   f'text-anchor="middle">{label}</text>')
+    for y, label in zip(area.y_ticks, _labels(area.y_ticks), strict=True):
         out.append(f'<line class="grid" x1="{LEFT}" y1="{area.py(y)}" x2="{right}" y2="{area.py(y)}" '
                    'stroke="#e5e5e5"/>')
         out.append(f'<text class="y-tick" data-value="{y!r}" x="{LEFT - 6}" y="{area.py(y) + 4}" '
-                   f'text-anchor="end">{_label(y)}</text>')
+                   f'text-anchor="end">{label}</text>')
     middle = (TOP + bottom) / 2
     return [*out,
             f'<rect x="{LEFT}" y="{TOP}" width="{right - LEFT}" height="{bottom - TOP}" fill="none" stroke="black"/>',
@@ -110,7 +122,7 @@ def render(train: list[tuple[float, float]], validation: list[tuple[float, float
     losses = [y for _, y in train + validation if math.isfinite(y)]
     if entropy_floor is not None:
         losses.append(entropy_floor)
-    area = _Area(nice_ticks(min(steps, default=0), max(steps, default=1)),
+    area = _Area(nice_ticks(min(steps, default=0), max(steps, default=1), min_step=1),  # steps are whole
                  nice_ticks(min(losses, default=0), max(losses, default=1)))
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
@@ -142,7 +154,8 @@ def plot_losses(metrics_path: str, svg_path: str, entropy_floor: float | None = 
     with open(metrics_path) as f:
         records = [json.loads(line) for line in f if line.strip()]
     train = [(r["step"], r["loss"]) for r in records if "loss" in r]  # a step that only validated has no train loss
-    validation = [(r["step"], r["validation_loss"]) for r in records if "validation_loss" in r]
-    if final_validation and tuple(final_validation) not in validation:
-        validation.append(tuple(final_validation))
-    write_atomic(svg_path, render(train, validation, entropy_floor))
+    validation = {r["step"]: r["validation_loss"] for r in records if "validation_loss" in r}
+    if final_validation:  # the final one stands for its step (a resume at the last step validates it again)
+        step, loss = final_validation
+        validation[step] = loss
+    write_atomic(svg_path, render(train, sorted(validation.items()), entropy_floor))

@@ -60,6 +60,7 @@ def test_each_old_tool_path_runs_the_tool_and_the_export_package_runs_as_a_modul
         assert alias in helps and "--help" in helps[alias], usage[alias]
         # the alias prints the tool's own help: after the usage lines (wrapped to the program's name), the same text
         assert helps[alias].split("\n\n", 1)[1] == helps[tool].split("\n\n", 1)[1], alias
+    assert "adaptive_ds.export" in helps, usage["adaptive_ds.export"]
     assert "--to {adaptive_ds,llama," in " ".join(helps["adaptive_ds.export"].split()), usage["adaptive_ds.export"]
 
 

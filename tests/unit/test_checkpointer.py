@@ -172,8 +172,7 @@ def _streamed_run(tmp_path, max_steps: int) -> dict:
             str(max_steps), "--save_steps", "2", "--log_steps", "1", "--data", str(shard), "--tokenizer", "bpe:320",
             "--validation_share", "0.2", "--data_workers", "0", "--eval_steps", "100", "--output_dir",
             str(tmp_path / "run")]
-    with mock.patch.object(loop, "build_engine", partial(FakeEngine, log=EngineLog())), \
-            mock.patch.object(loop, "plot_losses", lambda *args, **kwargs: None):
+    with mock.patch.object(loop, "build_engine", partial(FakeEngine, log=EngineLog())):
         return train(argv)
 
 

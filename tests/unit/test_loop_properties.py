@@ -45,8 +45,8 @@ _BLOCKS = functools.lru_cache(maxsize=None)(embedded.block)
 
 
 def _no_plot(*args, **kwargs) -> None:
-    """The run's loss plot (matplotlib: most of a fake run's time) is not what these tests check; the real runs of
-    tests/integration/test_training.py draw it."""
+    """The run's loss chart is not what these tests check (tests/unit/test_loss_plot.py does, non-finite losses among
+    its cases): drawn after each of hypothesis's many runs, it would double these tests' time."""
 
 
 def _train(argv: list[str], log: EngineLog, faults: FakeFaults, validations: list[int]):
