@@ -40,8 +40,7 @@ def _labels(ticks: list[float]) -> list[str]:
     """The ticks' labels, with as many decimals as their step needs (0.2, 0.25, 1000), so that no two read alike."""
     step = ticks[1] - ticks[0]
     decimals = max(0, -math.floor(math.log10(step) + 1e-9) + 1)
-    decimals = min(decimals, 15)
-    for places in range(decimals, 16):
+    for places in range(min(decimals, 15), 16):
         texts = [f"{value:.{places}f}" for value in ticks]
         if len(set(texts)) == len(texts):
             break

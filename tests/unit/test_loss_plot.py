@@ -37,7 +37,7 @@ def _axis(root, kind: str, attribute: str, offset: float, ends: tuple[float, flo
     return lambda pixel: v0 + (pixel - p0) * (v1 - v0) / (p1 - p0)
 
 
-def _points(svg: str, name: str) -> list[list[tuple[float, float]]]:
+def _curves(svg: str, name: str) -> list[list[tuple[float, float]]]:
     """Each drawn piece of a curve, in data units; every point inside the frame."""
     root = ET.fromstring(svg)
     left, top, right, bottom = _box(root)
@@ -48,8 +48,6 @@ def _points(svg: str, name: str) -> list[list[tuple[float, float]]]:
     assert all(left <= x <= right and top <= y <= bottom for piece in pieces for x, y in piece)
     return [[(to_x(x), to_y(y)) for x, y in piece] for piece in pieces]
 
-
-_curves = _points
 
 
 def test_the_drawn_curves_read_back_as_the_data_through_the_axes_labels():
