@@ -1,7 +1,7 @@
 """The Slurm batch script (launchers/slurm/train.sbatch) on a real one-node Slurm (tests/helpers/slurm_cluster.py), one
 launcher of 2 processes on the CPU, the debug preset on the embedded corpus (ds_configs/debug_cpu.json): a job runs to
 its end; a job that `scontrol requeue` stops mid-run saves before KillWait, and its requeued run's losses are the
-uninterrupted job's, bit for bit; a job warned before its time limit (`--signal=B:TERM@60`) saves, requeues itself
+uninterrupted job's, bit for bit; a job warned before its time limit (`--signal=B:USR1@60`) saves, requeues itself
 from the script's trap, and its requeued run resumes where it stopped. They skip where Slurm is not installed
 (`make slurm-deps`) or its daemons cannot start."""
 
@@ -58,7 +58,11 @@ class Job:
         return [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.exists() else []
 
     def wait(self, what: str, condition, timeout: float = 300):
-        return self.cluster.wait_for(f"job {self.id}: {what}", condition, timeout, poll=0.2)
+        """`condition()`'s first true value within `timeout` seconds; fails with the job's output and daemons' logs."""
+        try:
+            return self.cluster.wait_for(f"job {self.id}: {what}", condition, timeout, poll=0.2)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n--- job-{self.id}.out\n{self.output()[-4000:]}") from None
 
     def ended(self) -> str:
         """Its final state, once Slurm is done with it (nothing left completing, and no requeue on the way)."""
@@ -104,17 +108,18 @@ def test_a_job_ends_and_a_job_requeued_mid_run_continues_the_curve(cluster, tmp_
 
 @pytest.mark.slow
 def test_a_job_warned_before_its_time_limit_saves_requeues_itself_and_resumes(cluster, tmp_path):
-    """A two-minute job warned a minute before its end (`--time=2 --signal=B:TERM@60`). slurmctld checks time limits
+    """A two-minute job warned a minute before its end (`--time=2 --signal=B:USR1@60`). slurmctld checks time limits
     every 30 s from its start, and sends the warning at the first check at most a check before the time the job asked
     for (sbatch's manual: up to 60 s early): this cluster is fresh and the job starts at once, so the warning comes at
     the check 60 s after slurmctld started, about 58 s into the job, when the run is training even on a loaded machine
-    (a one-minute job would be warned at the first check, 28 s in, which some starts outlast). The script passes it
-    on, the run saves, and the script requeues the job. A requeued job gets its time limit again, and with it an early
-    warning: it is given 10 minutes here, then cancelled once it has trained 2 steps; a cancel is not requeued."""
-    job = Job(cluster, tmp_path, "torchrun", ["--time=2", "--signal=B:TERM@60"], [*TRAIN, "--max_steps", "1000"])
+    (a one-minute job would be warned at the first check, 28 s in, which some starts outlast). The script passes
+    SIGTERM on, the run saves, and the script requeues the job. A requeued job gets its time limit again, and with it
+    an early warning: it is given 10 minutes here, then cancelled once it has trained 2 steps; a cancel is not
+    requeued."""
+    job = Job(cluster, tmp_path, "torchrun", ["--time=2", "--signal=B:USR1@60"], [*TRAIN, "--max_steps", "1000"])
     job.wait("its requeue", lambda: job.fields()["Restarts"] == "1", timeout=240)
     cluster.command("scontrol", "update", f"JobId={job.id}", "TimeLimit=10")
-    assert "SIGTERM before the time limit" in job.output(), job.output()[-4000:]
+    assert "SIGUSR1 before the time limit" in job.output(), job.output()[-4000:]
     assert "before training began" not in job.output(), "the warning came before the run trained: a slow start"
     stop = job.stop_step()
 

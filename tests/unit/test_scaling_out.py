@@ -59,7 +59,7 @@ def test_the_slurm_script_may_requeue_is_warned_and_reads_only_its_own_and_slurm
     text = SBATCH.read_text()
     directives = re.findall(r"^#SBATCH (\S+)", text, flags=re.M)
     assert {"--ntasks-per-node=1", "--requeue", "--open-mode=append"} <= set(directives)
-    assert any(re.fullmatch(r"--signal=B:TERM@\d+", d) for d in directives), directives
+    assert any(re.fullmatch(r"--signal=B:USR1@\d+", d) for d in directives), directives
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     variables = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", body))
     assert all(v.startswith(("ADAPTIVE_DS_", "SLURM_")) for v in variables), sorted(variables)
