@@ -18,12 +18,18 @@ import torch
 from torch.autograd.function import once_differentiable
 
 IGNORE_INDEX = -100
-# Rows per chunk: a (rows x vocabulary) float32 block, 125 MiB at a 32,000-token vocabulary (b1's logits for a
-# micro-batch of 4 x 2,048 tokens are 1 GiB in float32, and their gradient as much again): a memory measure. Its effect
-# on speed is not measured apart. The loop is unrolled when the graph is traced, so each micro-batch shape compiles
-# its own graph (as a changed shape recompiles any compiled step).
-CHUNK_ROWS = 1024
+# Logits per chunk: a block of float32 logits of this many elements, 125 MiB (1,024 rows at a 32,000-token
+# vocabulary; b1's logits for a micro-batch of 4 x 2,048 tokens are 1 GiB in float32, and their gradient as much
+# again): a memory measure, so a chunk has fewer rows at a larger vocabulary (215 at Qwen's 151,936) and more at a
+# smaller one; where the logits are smaller than a chunk (the debug preset's 4,096 x 104) they are one chunk, with no
+# loop's extra kernels. The loop is unrolled when the graph is traced, so each micro-batch shape compiles its own
+# graph (as a changed shape recompiles any compiled step).
+CHUNK_ELEMENTS = 1024 * 32_000
 
+
+def chunk_rows_for(vocab_size: int) -> int:
+    """Rows per chunk at `vocab_size`: as many as fit CHUNK_ELEMENTS logits, at least one."""
+    return max(1, CHUNK_ELEMENTS // vocab_size)
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
@@ -70,7 +76,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
                          num_items: torch.Tensor | int | None = None, chunk_rows: int | None = None) -> torch.Tensor:
     """The mean cross entropy of `hidden @ weight.T` (rows x vocabulary logits, in float32) against `targets`, over the
     rows whose target is not -100; with `num_items`, the summed loss over that count instead (transformers'
-    `num_items_in_batch`). `hidden`: (rows, hidden); `weight`: (vocabulary, hidden); `targets`: (rows,).
+    `num_items_in_batch`). `hidden`: (rows, hidden); `weight`: (vocabulary, hidden); `targets`: (rows,);
+    `chunk_rows`: rows per chunk (default: `chunk_rows_for` the vocabulary).
 
     As `F.cross_entropy(...)` does, a batch with no target gives nan for the mean (0 / 0)."""
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or weight.shape[1] != hidden.shape[1]:
@@ -81,5 +88,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     else:
         denominator = torch.as_tensor(num_items, device=hidden.device).float()
     grad = torch.is_grad_enabled()
-    return _LinearCrossEntropy.apply(hidden, weight, targets, denominator, chunk_rows or CHUNK_ROWS,
-                                     grad and hidden.requires_grad, grad and weight.requires_grad)
+    rows = chunk_rows or chunk_rows_for(weight.shape[0])
+    return _LinearCrossEntropy.apply(hidden, weight, targets, denominator, rows, grad and hidden.requires_grad,
+                                     grad and weight.requires_grad)

@@ -135,7 +135,7 @@ def test_compiled_loss_without_logits_never_holds_them_whole_and_trains_as_eager
     """With skip_logits (as the trainer calls it), compiled: the output projection and the loss run a chunk of
     positions at a time (models/chunked_loss.py), so no tensor of the graph holds the whole logits; the loss and
     every parameter's gradient are eager's, to float32's rounding."""
-    monkeypatch.setattr(chunked_loss, "CHUNK_ROWS", 16)
+    monkeypatch.setattr(chunked_loss, "CHUNK_ELEMENTS", 16 * 96)  # 16 rows a chunk
     ids, labels = _batch()
     # no other size of the model is 96; tied, the output projection's weight is the embedding's, both gradients in one
     model = AdaptiveDSForCausalLM(tiny_config("dense", vocab_size=96, tie_word_embeddings=tied))

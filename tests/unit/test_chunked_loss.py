@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from adaptive_ds.models.chunked_loss import linear_cross_entropy
+from adaptive_ds.models.chunked_loss import chunk_rows_for, linear_cross_entropy
 
 
 def _reference(hidden, weight, targets, num_items):
@@ -96,3 +96,13 @@ def test_only_the_gradients_wanted_are_computed(grad_enabled, trainable, matmuls
 def test_shapes_that_do_not_fit_are_named():
     with pytest.raises(ValueError, match=r"hidden \(4, 3\), weight \(9, 5\) and targets \(4,\) do not fit"):
         linear_cross_entropy(torch.randn(4, 3), torch.randn(9, 5), torch.zeros(4, dtype=torch.long))
+
+
+def test_a_chunk_holds_a_fixed_number_of_logits_whatever_the_vocabulary():
+    """125 MiB of float32 logits a chunk: Llama's 32,000-token vocabulary 1,024 rows, Qwen's 151,936 215 rows, the
+    embedded corpus's 104 tokens a whole debug micro-batch of 16 x 256 in one chunk; a vocabulary past the budget
+    still one row."""
+    assert chunk_rows_for(32_000) == 1024
+    assert chunk_rows_for(151_936) == 215 and 215 * 151_936 * 4 <= 125 * 2**20 < 216 * 151_936 * 4
+    assert chunk_rows_for(104) >= 16 * 256
+    assert chunk_rows_for(10**9) == 1
