@@ -21,7 +21,7 @@ IGNORE_INDEX = -100
 # Logits per chunk: a block of float32 logits of this many elements, 125 MiB (1,024 rows at a 32,000-token
 # vocabulary; b1's logits for a micro-batch of 4 x 2,048 tokens are 1 GiB in float32, and their gradient as much
 # again): a memory measure, so a chunk has fewer rows at a larger vocabulary (215 at Qwen's 151,936) and more at a
-# smaller one; where the logits are smaller than a chunk (the debug preset's 4,096 x 104) they are one chunk, with no
+# smaller one; where the logits are smaller than a chunk (the debug preset's 4,096 x 128) they are one chunk, with no
 # loop's extra kernels. The loop is unrolled when the graph is traced, so each micro-batch shape compiles its own
 # graph (as a changed shape recompiles any compiled step).
 CHUNK_ELEMENTS = 1024 * 32_000
