@@ -100,6 +100,7 @@ def test_a_job_ends_and_a_job_requeued_mid_run_continues_the_curve(cluster, tmp_
     cluster.command("scontrol", "requeue", requeued.id)
     assert requeued.ended() == "COMPLETED", requeued.output()[-4000:]
     assert requeued.fields()["Restarts"] == "1"
+    assert "before the time limit" not in requeued.output()  # Slurm's own SIGTERM is not taken for a warning
     stop = requeued.stop_step()
     assert 3 <= stop < 10
     requeued.check_resumed(stop, 10)
@@ -119,7 +120,7 @@ def test_a_job_warned_before_its_time_limit_saves_requeues_itself_and_resumes(cl
     job = Job(cluster, tmp_path, "torchrun", ["--time=2", "--signal=B:USR1@60"], [*TRAIN, "--max_steps", "1000"])
     job.wait("its requeue", lambda: job.fields()["Restarts"] == "1", timeout=240)
     cluster.command("scontrol", "update", f"JobId={job.id}", "TimeLimit=10")
-    assert "SIGUSR1 before the time limit" in job.output(), job.output()[-4000:]
+    assert job.output().count("SIGUSR1 before the time limit") == 1, job.output()[-4000:]
     assert "before training began" not in job.output(), "the warning came before the run trained: a slow start"
     stop = job.stop_step()
 
@@ -127,4 +128,5 @@ def test_a_job_warned_before_its_time_limit_saves_requeues_itself_and_resumes(cl
     cluster.command("scancel", job.id)
     assert job.ended() == "CANCELLED"
     assert job.fields()["Restarts"] == "1"
+    assert job.output().count("before the time limit") == 1  # the cancel's SIGTERM is not taken for a warning
     job.check_resumed(stop, len(job.records()))
